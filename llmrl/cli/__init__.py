@@ -1,0 +1,28 @@
+"""The `llmrl` command line: a thin Typer layer over the importable engine."""
+
+from __future__ import annotations
+
+import warnings
+
+import typer
+from transformers.utils import logging as hf_logging
+
+from .config_cmd import config
+from .train import train
+
+warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*")
+hf_logging.disable_progress_bar()  # our own bars only; transformers' per-load bars are noise here
+
+app = typer.Typer(
+    name="llmrl",
+    help="Fine-tune language models with reinforcement learning: one engine, every advantage estimator.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command()(train)
+app.command()(config)
+
+
+def main() -> None:
+    app()

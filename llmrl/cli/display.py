@@ -1,0 +1,91 @@
+"""Rich terminal output of `llmrl train`: memory table, live progress, summary table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from ..config import Config
+from ..engine.evaluate import EvalResult
+from ..memory import RoleCost
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.2f} MiB"
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.1f} %"
+
+
+class RichReporter:
+    """Prints to stderr-free stdout via rich; a live bar shows reward, KL and held-out accuracy."""
+
+    interactive = True
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console()
+        self.progress: Progress | None = None
+        self.task_id: Any = None
+        self.accuracy: float | None = None
+        self.before: EvalResult | None = None
+        self.after: EvalResult | None = None
+
+    def start(self, config: Config, costs: list[RoleCost], run_dir: Path) -> None:
+        table = Table(title=f"Memory by role ({config.model.name}, {config.model.dtype})")
+        table.add_column("role")
+        table.add_column("parameters", justify="right")
+        table.add_column("memory", justify="right")
+        for c in costs:
+            table.add_row(c.role, f"{c.params:,}" if c.params else "—", _mib(c.bytes) if c.bytes else "shares base")
+        total = sum(c.bytes for c in costs)
+        base = costs[0].bytes
+        table.add_row("[bold]total[/]", "", f"[bold]{_mib(total)}[/]")
+        self.console.print(table)
+        self.console.print(
+            f"Separate actor, critic and reference models would hold the base weights 3× ({_mib(3 * base)}); "
+            f"run folder: [bold]{run_dir}[/]"
+        )
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+            console=self.console,
+        )
+        self.task_id = self.progress.add_task(f"{config.algo}", total=config.steps, stats="evaluating…")
+        self.progress.start()
+
+    def evaluated(self, step: int, result: EvalResult | None) -> None:
+        if result is None:
+            return
+        if step == 0:
+            self.before = result
+        self.after = result
+        self.accuracy = result.accuracy
+
+    def step(self, row: dict[str, Any]) -> None:
+        kl = "—" if row.get("kl") is None else f"{row['kl']:.3f}"
+        stats = f"reward {row['reward_mean']:.3f}  KL {kl}  acc {_pct(self.accuracy)}"
+        if self.progress is not None:
+            self.progress.update(self.task_id, advance=1, stats=stats)
+
+    def end(self, summary: dict[str, Any]) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+        table = Table(title=f"{summary['algo']} on {summary['task']} ({summary['steps']} steps)")
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        table.add_row("held-out accuracy (greedy)",
+                      f"{_pct(summary['eval_accuracy_before'])} → {_pct(summary['eval_accuracy_after'])}")
+        first, last = summary["reward_mean_first"], summary["reward_mean_last"]
+        table.add_row("train reward (first step → last 10 %)", f"{first:.3f} → {last:.3f}" if last is not None else "—")
+        table.add_row("KL to reference (per sequence)", "—" if summary["kl_last"] is None else f"{summary['kl_last']:.4f}")
+        table.add_row("wall time", f"{summary['wall_time_s']:.1f} s ({summary['step_time_s_mean']:.2f} s/step)")
+        table.add_row("peak memory (RSS)", f"{summary['peak_rss_mib']:,.0f} MiB")
+        if summary.get("peak_device_mib") is not None:
+            table.add_row("peak GPU memory", f"{summary['peak_device_mib']:,.0f} MiB")
+        self.console.print(table)
+        self.console.print(f"Run folder: [bold]{summary['run_dir']}[/]")

@@ -1,0 +1,203 @@
+"""Load, merge and validate a run's configuration.
+
+Precedence, lowest first: dataclass defaults < the algorithm's preset < the recipe file < flags and
+`--set key=value` overrides. The result is a frozen `Config`; every user mistake becomes a
+`ConfigError` naming the key (with the closest valid key when it is unknown).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from ..errors import ConfigError
+from .schema import Config
+
+
+def _is_section(tp: Any) -> bool:
+    return dataclasses.is_dataclass(tp)
+
+
+def field_types(cls: type = Config, prefix: str = "") -> dict[str, tuple[Any, dataclasses.Field]]:
+    """Dotted key → (annotation, field) for every leaf setting of `cls`."""
+    hints = typing.get_type_hints(cls)
+    out: dict[str, tuple[Any, dataclasses.Field]] = {}
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if _is_section(tp):
+            out.update(field_types(tp, f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = (tp, f)
+    return out
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'update': {'lr_actor': 1}} → {'update.lr_actor': 1}; sections are the keys of Config."""
+    sections = {f.name for f in dataclasses.fields(Config) if _is_section(typing.get_type_hints(Config)[f.name])}
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and not prefix and key in sections:
+            flat.update(flatten(value, f"{path}."))
+        else:
+            flat[path] = value
+    return flat
+
+
+def _closest(key: str) -> str:
+    keys = list(field_types())
+    match = difflib.get_close_matches(key, keys, n=1, cutoff=0.5)
+    if not match:  # try the last component alone: `lr_actor` → `update.lr_actor`
+        leaf = {k.rsplit(".", 1)[-1]: k for k in keys}
+        hit = difflib.get_close_matches(key.rsplit(".", 1)[-1], list(leaf), n=1, cutoff=0.6)
+        match = [leaf[hit[0]]] if hit else []
+    return f"; did you mean '{match[0]}'?" if match else ""
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp)).replace("typing.", "")
+
+
+def coerce(key: str, value: Any, tp: Any) -> Any:
+    """Check `value` against the annotation `tp`, converting int → float and 'x,y' → list."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return coerce(key, value, inner[0])
+    if origin is list:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"'{key}' must be a list of strings, got {value!r}.")
+        return list(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"'{key}' must be true or false, got {value!r}.")
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+        raise ConfigError(f"'{key}' must be {_type_name(tp)}, got {value!r}.")
+    return value
+
+
+def check_bounds(key: str, value: Any, meta: Mapping[str, Any]) -> None:
+    """Raise a ConfigError when `value` breaks the field's choices/min/max/gt."""
+    if value is None:
+        return
+    if "choices" in meta and value not in meta["choices"]:
+        raise ConfigError(f"'{key}' must be one of {', '.join(map(str, meta['choices']))}; got {value!r}.")
+    if "min" in meta and value < meta["min"]:
+        raise ConfigError(f"'{key}' must be ≥ {meta['min']}, got {value!r}.")
+    if "max" in meta and value > meta["max"]:
+        raise ConfigError(f"'{key}' must be ≤ {meta['max']}, got {value!r}.")
+    if "gt" in meta and value <= meta["gt"]:
+        raise ConfigError(f"'{key}' must be > {meta['gt']}, got {value!r}.")
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """'update.lr_actor=1e-3' → ('update.lr_actor', 0.001); the value is parsed as YAML."""
+    if "=" not in item:
+        raise ConfigError(f"--set expects key=value, got '{item}'.")
+    key, raw = item.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    if isinstance(value, str) and _looks_numeric(value):
+        value = float(value)  # YAML 1.1 reads '1e-3' as a string
+    return key.strip(), value
+
+
+def _looks_numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def read_recipe(path: str | Path) -> dict[str, Any]:
+    """A recipe file as a flat {dotted key: value} dict."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"Recipe file '{p}' does not exist.")
+    try:
+        tree = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise ConfigError(f"Recipe file '{p}' is not valid YAML{where}.") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"Recipe file '{p}' must hold a mapping of settings, not {type(tree).__name__}.")
+    return flatten(tree)
+
+
+def build(flat: Mapping[str, Any]) -> Config:
+    """Validate a flat {dotted key: value} mapping and build the frozen Config."""
+    types_ = field_types()
+    sections: dict[str, dict[str, Any]] = {}
+    top: dict[str, Any] = {}
+    for key, value in flat.items():
+        if key not in types_:
+            raise ConfigError(f"Unknown setting '{key}'{_closest(key)}")
+        tp, f = types_[key]
+        value = coerce(key, value, tp)
+        check_bounds(key, value, f.metadata)
+        head, _, leaf = key.partition(".")
+        if leaf:
+            sections.setdefault(head, {})[leaf] = value
+        else:
+            top[key] = value
+    hints = typing.get_type_hints(Config)
+    for name, values in sections.items():
+        top[name] = hints[name](**values)
+    return Config(**top)
+
+
+def load_config(
+    recipe: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    sets: list[str] | None = None,
+) -> Config:
+    """The run's Config: defaults < algo preset < recipe < overrides < `--set` items.
+
+    `overrides` holds already-typed values (CLI flags, Python callers); `sets` holds raw
+    'key=value' strings.
+    """
+    from ..algos import preset_for  # late: algos imports the estimator registry
+
+    user: dict[str, Any] = read_recipe(recipe) if recipe else {}
+    user.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    user.update(dict(parse_override(s) for s in sets or []))
+    algo = user.get("algo", Config.algo)
+    merged = {**preset_for(str(algo)), **user}
+    config = build(merged)
+    _check_consistency(config)
+    return config
+
+
+def _check_consistency(config: Config) -> None:
+    """Rules that tie several keys together."""
+    rows = config.rollout.prompts_per_step * config.rollout.num_generations
+    if config.update.minibatch_size > rows:
+        raise ConfigError(
+            f"'update.minibatch_size' ({config.update.minibatch_size}) exceeds the rows per step "
+            f"(rollout.prompts_per_step × rollout.num_generations = {rows})."
+        )
+
+
+def to_tree(config: Config) -> dict[str, Any]:
+    """The nested plain-dict form written to config.yaml."""
+    return dataclasses.asdict(config)

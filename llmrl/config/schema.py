@@ -1,0 +1,113 @@
+"""Every setting of a run, as frozen dataclasses with their defaults, bounds and help text.
+
+A key is addressed by its dotted path (`update.lr_actor`), in recipes (nested YAML) and in
+`--set key=value` overrides alike. Field metadata drives validation (`choices`, `min`, `max`,
+`gt`) and the help text `llmrl train --help-config` prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def opt(default: Any, help: str, **bounds: Any) -> Any:
+    """A dataclass field with help text and validation bounds (choices/min/max/gt)."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help, **bounds})
+    return field(default=default, metadata={"help": help, **bounds})
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = opt("tiny", "'tiny' (built-in), a Hugging Face hub id or a local model folder")
+    dtype: str = opt("float32", "weights dtype", choices=("float32", "bfloat16", "float16"))
+    device: str = opt("cpu", "where to run", choices=("cpu", "cuda", "auto"))
+    trust_remote_code: bool = opt(False, "let transformers run code shipped with the model")
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    r: int = opt(16, "LoRA rank of the actor and critic adapters", min=1)
+    alpha: float = opt(32.0, "LoRA scaling numerator (scale = alpha / r)", gt=0)
+    dropout: float = opt(0.0, "LoRA dropout", min=0, max=1)
+    target_modules: list[str] | None = opt(
+        None, "module names to adapt; default: attention and MLP projections of the architecture"
+    )
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    prompts_per_step: int = opt(64, "B: prompts sampled per step", min=1)
+    num_generations: int = opt(1, "G: responses per prompt (rows of a group are contiguous)", min=1)
+    max_new_tokens: int = opt(5, "longest response in tokens", min=1)
+    temperature: float = opt(1.0, "sampling temperature (the policy is softmax(logits / T))", gt=0)
+    top_p: float = opt(1.0, "nucleus sampling mass", gt=0, max=1)
+
+
+@dataclass(frozen=True)
+class EstimatorConfig:
+    name: str | None = opt(None, "advantage estimator; default: the algorithm's own")
+    module: str | None = opt(None, "import this Python module first (it may register estimators)")
+    gamma: float = opt(1.0, "discount γ", min=0, max=1)
+    lam: float = opt(0.95, "GAE λ", min=0, max=1)
+    n_step: int = opt(3, "n of the A2C n-step return", min=1)
+    whiten: bool = opt(False, "whiten advantages over the batch (masked mean 0, std 1)")
+
+
+@dataclass(frozen=True)
+class KLConfig:
+    beta: float = opt(0.02, "KL coefficient β", min=0)
+    estimator: str = opt("k1", "per-token KL estimator", choices=("k1", "k2", "k3"))
+    placement: str = opt(
+        "reward", "'reward': −β·KL_t shapes the rewards; 'loss': β·KL_t is added to the policy loss",
+        choices=("reward", "loss"),
+    )
+    adaptive: bool = opt(False, "adapt β towards kl.target (Ziegler et al. 2019)")
+    target: float = opt(0.1, "target KL per sequence for the adaptive controller", gt=0)
+    horizon: int = opt(10000, "adaptive controller horizon in samples", min=1)
+
+
+@dataclass(frozen=True)
+class UpdateConfig:
+    epochs: int = opt(2, "passes over each rollout batch", min=1)
+    minibatch_size: int = opt(32, "rows per optimizer step", min=1)
+    micro_batch_size: int | None = opt(None, "rows per forward/backward (gradient accumulation); default: minibatch", min=1)
+    lr_actor: float = opt(2e-3, "AdamW learning rate of the actor adapter", gt=0)
+    lr_critic: float = opt(5e-3, "AdamW learning rate of the critic adapter and value head", gt=0)
+    weight_decay: float = opt(0.0, "AdamW weight decay", min=0)
+    clip_eps: float = opt(0.2, "PPO ratio clip ε (low side)", min=0)
+    clip_eps_high: float | None = opt(None, "upper ratio clip (clip-higher); default: clip_eps", min=0)
+    dual_clip: float | None = opt(None, "dual-clip constant c > 1 for negative advantages", gt=1)
+    value_clip: float | None = opt(0.2, "clip of V around V_old in the value loss; null: off", min=0)
+    vf_coef: float = opt(0.5, "value loss scale", min=0)
+    ent_coef: float = opt(0.0, "entropy bonus coefficient", min=0)
+    max_grad_norm: float | None = opt(1.0, "gradient norm clip; null: off", gt=0)
+    loss_agg: str = opt(
+        "token-mean", "how per-token losses become one number",
+        choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
+    )
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    size: int = opt(200, "held-out prompts scored by greedy decoding (0: skip)", min=0)
+    every: int = opt(0, "also evaluate every N steps (0: only before and after)", min=0)
+    batch_size: int = opt(256, "prompts per evaluation batch", min=1)
+
+
+@dataclass(frozen=True)
+class Config:
+    algo: str = opt("ppo", "algorithm preset (see `llmrl algos`)")
+    task: str = opt("arithmetic", "built-in task providing prompts and a reward")
+    seed: int = opt(0, "seed of every random choice in the run", min=0)
+    steps: int = opt(40, "training steps (one rollout batch each)", min=1)
+    out: str | None = opt(None, "run folder; default: runs/<algo>-<task>-<time>")
+    threads: int | None = opt(None, "torch CPU threads; default: torch's choice", min=1)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
+    kl: KLConfig = field(default_factory=KLConfig)
+    update: UpdateConfig = field(default_factory=UpdateConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)

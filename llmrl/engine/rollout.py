@@ -1,0 +1,111 @@
+"""rollout: prompts → a scored `RolloutBatch` (generate, then the forwards the algorithm needs).
+
+What is computed is decided by `RolloutPlan`, which the trainer derives from the estimator's
+`needs` and the KL settings, never from an algorithm's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedTokenizerBase
+
+from ..batch import RolloutBatch
+from ..config.schema import RolloutConfig
+from ..models.stack import PolicyStack, layout, token_logprobs
+from .rewards import score
+from .sampling import generate, row_uniforms
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """What to compute besides the samples and their old log-probs."""
+
+    reference: bool  # ref_logprobs (any KL with β > 0)
+    critic: bool  # values
+    greedy: bool  # baseline_scores from a greedy response (ReMax)
+
+
+def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], device: torch.device) -> tuple[Tensor, Tensor]:
+    """Left-padded (ids, bool mask), both (N, P)."""
+    enc = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=True)
+    return enc.input_ids.to(device), enc.attention_mask.to(device).bool()
+
+
+def decode(tokenizer: PreTrainedTokenizerBase, response_ids: Tensor, response_mask: Tensor) -> list[str]:
+    """Completion texts, without EOS and padding."""
+    ids = torch.where(response_mask, response_ids, tokenizer.pad_token_id)
+    return tokenizer.batch_decode(ids.tolist(), skip_special_tokens=True)
+
+
+@torch.no_grad()
+def masked_logprobs(stack: PolicyStack, batch: RolloutBatch, temperature: float) -> Tensor:
+    """log π(a_t|s_t) of the batch's responses in the current role, 0 where masked: (N, T)."""
+    seq = layout(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+    lp = token_logprobs(stack.response_logits(seq, temperature), batch.response_ids)
+    return torch.where(batch.response_mask, lp, torch.zeros_like(lp))
+
+
+@torch.no_grad()
+def rollout(
+    stack: PolicyStack,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: Sequence[dict[str, Any]],
+    prompt_index: Tensor,
+    *,
+    cfg: RolloutConfig,
+    plan: RolloutPlan,
+    reward_fn: Any,
+    seed: int,
+    step: int,
+) -> tuple[RolloutBatch, list[str]]:
+    """Sample G responses for each of B prompts and compute what `plan` asks for.
+
+    `rows` are the B dataset rows; the returned batch has N = B·G rows, group-contiguous.
+    Returns the batch and the N completion texts.
+    """
+    g = cfg.num_generations
+    device = stack.lm.device
+    prompts = [r["prompt"] for r in rows]
+    ids, mask = encode_prompts(tokenizer, prompts, device)
+    ids, mask = ids.repeat_interleave(g, 0), mask.repeat_interleave(g, 0)
+    index = prompt_index.repeat_interleave(g)
+    sample = torch.arange(g).repeat(len(rows))
+    uniforms = row_uniforms(seed, step, index, sample, cfg.max_new_tokens).to(device)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    with stack.use("actor"):
+        gen = generate(stack, ids, mask, max_new_tokens=cfg.max_new_tokens, eos_id=eos, pad_id=pad,
+                       temperature=cfg.temperature, top_p=cfg.top_p, uniforms=uniforms)
+    batch = RolloutBatch(ids, mask, gen.response_ids, gen.response_mask,
+                         old_logprobs=torch.zeros(0), group_size=g, prompt_index=index)
+    with stack.use("actor"):
+        batch.old_logprobs = masked_logprobs(stack, batch, cfg.temperature)
+    if plan.reference:
+        with stack.use("reference"):
+            batch.ref_logprobs = masked_logprobs(stack, batch, cfg.temperature)
+    if plan.critic:
+        with stack.use("critic"):
+            seq = layout(ids, mask, gen.response_ids, gen.response_mask)
+            v = stack.values(seq)
+            batch.values = torch.where(gen.response_mask, v, torch.zeros_like(v))
+    completions = decode(tokenizer, gen.response_ids, gen.response_mask)
+    expanded = [r for r in rows for _ in range(g)]
+    batch.scores = score(reward_fn, expanded, completions).to(device)
+    if plan.greedy:
+        batch.baseline_scores = greedy_scores(stack, tokenizer, rows, cfg, reward_fn).repeat_interleave(g).to(device)
+    batch.validate()
+    return batch, completions
+
+
+@torch.no_grad()
+def greedy_scores(stack: PolicyStack, tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, Any]],
+                  cfg: RolloutConfig, reward_fn: Any) -> Tensor:
+    """(B,) reward of the actor's greedy response to each prompt (the ReMax baseline)."""
+    ids, mask = encode_prompts(tokenizer, [r["prompt"] for r in rows], stack.lm.device)
+    with stack.use("actor"):
+        gen = generate(stack, ids, mask, max_new_tokens=cfg.max_new_tokens,
+                       eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+    return score(reward_fn, rows, decode(tokenizer, gen.response_ids, gen.response_mask))

@@ -1,0 +1,100 @@
+"""Batched sampling with the KV cache, and world-size-independent randomness.
+
+Every row draws its random numbers from its own generator seeded by (seed, step, prompt index,
+sample index), so the same prompt gets the same completion whichever process, batch position or
+micro-batch it lands in. Tokens are drawn by inverse-CDF with those uniforms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache
+
+from ..models.stack import PolicyStack
+
+_MIX = (1_000_003, 10_007, 101, 7)
+
+
+def row_uniforms(seed: int, step: int, prompt_index: Tensor, sample_index: Tensor, n: int) -> Tensor:
+    """(N, n) uniforms in [0, 1); row i depends only on (seed, step, prompt_index[i], sample_index[i])."""
+    rows = []
+    for p, s in zip(prompt_index.tolist(), sample_index.tolist()):
+        key = (seed * _MIX[0] + step * _MIX[1] + p * _MIX[2] + s * _MIX[3]) % (2**63 - 1)
+        rows.append(torch.rand(n, generator=torch.Generator().manual_seed(key), dtype=torch.float64))
+    return torch.stack(rows)
+
+
+def pick_tokens(logits: Tensor, temperature: float, top_p: float, uniforms: Tensor | None) -> Tensor:
+    """One token per row: argmax when `uniforms` is None, else an inverse-CDF draw from
+    softmax(logits / temperature) restricted to the smallest top-p nucleus. (N, V), (N,) → (N,)."""
+    if uniforms is None:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.double() / temperature, dim=-1)
+    sorted_p, order = probs.sort(-1, descending=True)
+    if top_p < 1.0:
+        keep = (sorted_p.cumsum(-1) - sorted_p) < top_p  # the most likely token is always kept
+        sorted_p = sorted_p * keep
+    cdf = sorted_p.cumsum(-1)
+    target = uniforms.to(cdf.dtype).unsqueeze(-1) * cdf[:, -1:]
+    choice = torch.searchsorted(cdf, target, right=True).clamp(max=cdf.shape[-1] - 1)
+    return order.gather(-1, choice).squeeze(-1)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """response_ids (N, T) right-padded with pad after the first EOS; response_mask (N, T) bool,
+    True up to and including the first EOS."""
+
+    response_ids: Tensor
+    response_mask: Tensor
+
+
+@torch.no_grad()
+def generate(
+    stack: PolicyStack,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    *,
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    uniforms: Tensor | None = None,
+) -> Generation:
+    """Decode up to `max_new_tokens` per row with the model's KV cache, in the caller's role.
+
+    `uniforms` (N, max_new_tokens) drives sampling; None means greedy. Stops early once every row
+    has emitted EOS.
+    """
+    model = stack.lm
+    attention = prompt_mask.long()
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    out = model(
+        input_ids=prompt_ids, attention_mask=attention, position_ids=positions,
+        cache=cache, use_cache=True, logits_to_keep=1,
+    )
+    n = prompt_ids.shape[0]
+    done = torch.zeros(n, dtype=torch.bool, device=prompt_ids.device)
+    tokens, masks = [], []
+    position = positions[:, -1:]
+    for t in range(max_new_tokens):
+        u = None if uniforms is None else uniforms[:, t]
+        token = pick_tokens(out.logits[:, -1].float(), temperature, top_p, u)
+        token = torch.where(done, torch.full_like(token, pad_id), token)
+        masks.append(~done)
+        tokens.append(token)
+        done = done | (token == eos_id)
+        if bool(done.all()) or t == max_new_tokens - 1:
+            break
+        attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
+        position = position + 1
+        out = model(
+            input_ids=token[:, None], attention_mask=attention, position_ids=position,
+            cache=cache, use_cache=True,
+        )
+    return Generation(torch.stack(tokens, dim=1), torch.stack(masks, dim=1))

@@ -1,0 +1,190 @@
+"""train: the one loop every algorithm shares.
+
+    for step in range(steps):
+        batch   = rollout(prompts)                 # generate; old/ref log-probs, values as needed
+        rewards = shape_rewards(batch, β)          # score on the last token, −β·KL_t if in reward
+        targets = estimate(estimator, rewards)     # advantages, returns (registry, by name)
+        stats   = update(batch, targets)           # PPO epochs × minibatches, actor and critic passes
+        β       = kl_controller.update(KL)
+
+The loop never names an algorithm: `setup` reads the estimator's `needs` into a `RolloutPlan`.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from ..config import Config
+from ..errors import ConfigError
+from ..estimators import EstimatorSpec, get_estimator, import_user_module
+from ..kl_control import KLController
+from ..memory import peak_device_mib, peak_rss_mib, role_costs
+from ..models.load import load_base
+from ..models.stack import PolicyStack
+from ..run_folder import RunFolder, read_run, Run
+from ..tasks import Task, get_task
+from .advantages import estimate, sequence_kl, shape_rewards
+from .data import PromptSampler
+from .evaluate import EvalResult, evaluate
+from .reporting import NullReporter, Reporter
+from .rollout import RolloutPlan, rollout
+from .update import Targets, make_optimizers, update
+
+
+@dataclass
+class Session:
+    """Everything a run sets up once."""
+
+    config: Config
+    task: Task
+    tokenizer: PreTrainedTokenizerBase
+    stack: PolicyStack
+    spec: EstimatorSpec
+    plan: RolloutPlan
+    opts: dict[str, torch.optim.Optimizer]
+    kl: KLController
+    sampler: PromptSampler
+    folder: RunFolder
+    generator: torch.Generator
+
+
+def default_out(config: Config) -> Path:
+    return Path("runs") / f"{config.algo}-{config.task}-{datetime.now():%Y%m%d-%H%M%S}"
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def resolve_estimator(config: Config) -> EstimatorSpec:
+    if config.estimator.module:
+        import_user_module(config.estimator.module)
+    spec = get_estimator(config.estimator.name or config.algo)
+    if spec.needs.groups and config.rollout.num_generations < 2:
+        raise ConfigError(f"Estimator '{spec.name}' compares samples of a prompt; set rollout.num_generations ≥ 2.")
+    return spec
+
+
+def setup(config: Config, reporter: Reporter, overwrite: bool = False) -> Session:
+    """Load the task and model, build the stack and optimizers, create the run folder."""
+    spec = resolve_estimator(config)
+    task = get_task(config.task)
+    folder = RunFolder.create(Path(config.out) if config.out else default_out(config), overwrite)
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    base, tokenizer = load_base(config.model, show_progress=reporter.interactive)
+    seed_everything(config.seed)
+    stack = PolicyStack(base, config.lora, with_critic=spec.needs.critic)
+    plan = RolloutPlan(reference=config.kl.beta > 0, critic=spec.needs.critic, greedy=spec.needs.greedy)
+    folder.write_config(config)
+    return Session(
+        config, task, tokenizer, stack, spec, plan, make_optimizers(stack, config.update),
+        KLController(config.kl.beta, config.kl.adaptive, config.kl.target, config.kl.horizon),
+        PromptSampler(len(task.train), config.rollout.prompts_per_step, config.seed), folder,
+        torch.Generator().manual_seed(config.seed + 1),
+    )
+
+
+def run_eval(s: Session) -> EvalResult | None:
+    rows = s.task.eval[: s.config.eval.size]
+    if not rows:
+        return None
+    return evaluate(s.stack, s.tokenizer, rows, s.task.reward, max_new_tokens=s.config.rollout.max_new_tokens,
+                    success=s.task.success, batch_size=s.config.eval.batch_size)
+
+
+def train_step(s: Session, step: int) -> dict[str, Any]:
+    """One rollout → reward → advantage → update step; returns its metrics row."""
+    started = time.perf_counter()
+    cfg = s.config
+    index = s.sampler.indices(step)
+    rows = [s.task.train[i] for i in index.tolist()]
+    batch, _ = rollout(s.stack, s.tokenizer, rows, index, cfg=cfg.rollout, plan=s.plan,
+                       reward_fn=s.task.reward, seed=cfg.seed, step=step)
+    beta = s.kl.beta
+    out = estimate(s.spec, batch, shape_rewards(batch, beta, cfg.kl), cfg.estimator)
+    stats = update(s.stack, s.opts, batch, Targets(out.advantages, out.returns), cfg.update, cfg.kl,
+                   beta, cfg.rollout.temperature, s.generator)
+    kl = sequence_kl(batch)
+    if kl is not None:
+        s.kl.update(kl, batch.rows)
+    assert batch.scores is not None
+    n_tokens = int(batch.response_mask.sum())
+    adv = out.advantages[batch.response_mask]
+    return {
+        "step": step + 1,
+        "reward_mean": batch.scores.mean().item(),
+        "kl": kl,
+        "beta": beta,
+        **stats,
+        **out.stats,
+        "adv_mean": adv.mean().item() if adv.numel() else 0.0,
+        "adv_std": adv.std().item() if adv.numel() > 1 else 0.0,
+        "response_len": n_tokens / batch.rows,
+        "tokens": n_tokens,
+        "step_time_s": time.perf_counter() - started,
+    }
+
+
+def train(config: Config, reporter: Reporter | None = None, overwrite: bool = False) -> Run:
+    """Run `config` to the end and return the finished run read back from its folder."""
+    reporter = reporter or NullReporter()
+    t0 = time.perf_counter()
+    s = setup(config, reporter, overwrite)
+    reporter.start(config, role_costs(s.stack), s.folder.path)
+    before = run_eval(s)
+    reporter.evaluated(0, before)
+    history: list[dict[str, Any]] = []
+    for step in range(config.steps):
+        row = train_step(s, step)
+        if config.eval.every and (step + 1) % config.eval.every == 0 and step + 1 < config.steps:
+            result = run_eval(s)
+            row["eval_accuracy"] = result.accuracy if result else None
+            reporter.evaluated(step + 1, result)
+        s.folder.log_metrics(row)
+        history.append(row)
+        reporter.step(row)
+    after = run_eval(s)
+    reporter.evaluated(config.steps, after)
+    s.folder.save_models(s.stack)
+    summary = summarize(config, history, before, after, time.perf_counter() - t0, s.folder.path)
+    s.folder.write_summary(summary)
+    reporter.end(summary)
+    return read_run(s.folder.path)
+
+
+def summarize(config: Config, history: list[dict[str, Any]], before: EvalResult | None,
+              after: EvalResult | None, wall: float, path: Path) -> dict[str, Any]:
+    """summary.json: the run's headline numbers. `*_last` average the last 10 % of steps (≥ 1)."""
+    tail = history[-max(1, len(history) // 10):]
+    mean = lambda key: (sum(r[key] for r in tail) / len(tail)) if tail and tail[0].get(key) is not None else None  # noqa: E731
+    return {
+        "algo": config.algo,
+        "estimator": config.estimator.name,
+        "task": config.task,
+        "model": config.model.name,
+        "seed": config.seed,
+        "steps": len(history),
+        "eval_accuracy_before": before.accuracy if before else None,
+        "eval_accuracy_after": after.accuracy if after else None,
+        "eval_reward_before": before.reward_mean if before else None,
+        "eval_reward_after": after.reward_mean if after else None,
+        "reward_mean_first": history[0]["reward_mean"] if history else None,
+        "reward_mean_last": mean("reward_mean"),
+        "kl_last": mean("kl"),
+        "tokens_total": sum(r["tokens"] for r in history),
+        "step_time_s_mean": sum(r["step_time_s"] for r in history) / max(len(history), 1),
+        "wall_time_s": wall,
+        "peak_rss_mib": peak_rss_mib(),
+        "peak_device_mib": peak_device_mib(),
+        "run_dir": str(path),
+    }

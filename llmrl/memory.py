@@ -1,0 +1,56 @@
+"""What each role costs in memory, and the process's peak memory."""
+
+from __future__ import annotations
+
+import resource
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from .models.stack import PolicyStack
+
+ADAMW_STATES = 2  # exp_avg and exp_avg_sq, one float32 each per trainable parameter
+
+
+@dataclass(frozen=True)
+class RoleCost:
+    role: str
+    params: int
+    bytes: int
+
+
+def _size(params: list[torch.Tensor]) -> tuple[int, int]:
+    return sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params)
+
+
+def role_costs(stack: PolicyStack) -> list[RoleCost]:
+    """Base (shared by all roles), each adapter, the value head and the AdamW state they need."""
+    adapter_ids = {id(p) for role in ("actor", "critic") if role != "critic" or stack.has_critic
+                   for p in stack.parameters_of(role)}
+    base = [p for p in stack.peft.parameters() if id(p) not in adapter_ids]
+    rows = [RoleCost("base (frozen, shared by actor, critic, reference)", *_size(base))]
+    rows.append(RoleCost("actor LoRA adapter", *_size(stack.parameters_of("actor"))))
+    trainable = _size(stack.parameters_of("actor"))[0]
+    if stack.has_critic and stack.value_head is not None:
+        head = list(stack.value_head.parameters())
+        critic_lora = [p for p in stack.parameters_of("critic") if all(p is not h for h in head)]
+        rows.append(RoleCost("critic LoRA adapter", *_size(critic_lora)))
+        rows.append(RoleCost("value head", *_size(head)))
+        trainable += _size(stack.parameters_of("critic"))[0]
+    rows.append(RoleCost("reference (base, adapters off)", 0, 0))
+    rows.append(RoleCost("AdamW state", ADAMW_STATES * trainable, ADAMW_STATES * trainable * 4))
+    return rows
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process in MiB (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+
+
+def peak_device_mib() -> float | None:
+    """Peak CUDA memory allocated by torch, in MiB; None on CPU."""
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.max_memory_allocated() / 2**20

@@ -1,0 +1,57 @@
+"""load_base: a model name from the config → (causal LM, tokenizer), frozen, on its device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from ..config.schema import ModelConfig
+from ..errors import ConfigError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("'model.device' is cuda but no CUDA device is available; use cpu or auto.")
+    return torch.device(name)
+
+
+def model_source(cfg: ModelConfig, show_progress: bool = True) -> tuple[str, str | None]:
+    """(folder or hub id, gguf file name or None); `tiny` is built and cached on first use."""
+    if cfg.name == "tiny":
+        from .tiny import ensure_tiny
+
+        return str(ensure_tiny(show_progress=show_progress)), None
+    path = Path(cfg.name).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ConfigError(f"Model file '{path}' does not exist.")
+        return str(path.parent), path.name
+    looks_local = path.is_absolute() or cfg.name.startswith((".", "~")) or path.exists()
+    if looks_local and not (path / "config.json").is_file():
+        raise ConfigError(f"Model folder '{path}' does not exist or has no config.json.")
+    return (str(path) if looks_local else cfg.name), None
+
+
+def load_base(cfg: ModelConfig, show_progress: bool = True) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The frozen causal LM and its tokenizer (left padding, a pad token guaranteed)."""
+    source, gguf = model_source(cfg, show_progress)
+    device = resolve_device(cfg.device)
+    kwargs = {"trust_remote_code": cfg.trust_remote_code, **({"gguf_file": gguf} if gguf else {})}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[cfg.dtype], **kwargs)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"Cannot load model '{cfg.name}' as a causal LM: {first}") from None
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.to(device).eval()
+    model.requires_grad_(False)
+    return model, tokenizer

@@ -1,0 +1,140 @@
+"""Actor, critic and reference on one frozen base model.
+
+| role      | what it is                                   | context            |
+|-----------|----------------------------------------------|--------------------|
+| actor     | base + LoRA adapter `actor`                  | `stack.use("actor")` |
+| critic    | base + LoRA adapter `critic` + value head    | `stack.use("critic")` |
+| reference | the base itself, adapters disabled           | `stack.use("reference")` |
+
+peft injects both adapters into the same base modules, so exactly one copy of the base weights
+exists. `set_adapter` also decides which adapter is trainable, so the actor and the critic are
+updated in separate passes, each inside its own context.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from peft import LoraConfig as PeftLoraConfig
+from peft import PeftModel, get_peft_model
+from torch import Tensor, nn
+from transformers import PreTrainedModel
+
+from ..config.schema import LoraConfig
+
+ROLES = ("actor", "critic", "reference")
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """A prompt+response batch laid out for one forward pass.
+
+    ids (N, P+T) long; attention (N, P+T) long (0 at left prompt padding and right response padding);
+    positions (N, P+T) long, counted from each row's first real token; prompt_len P.
+    """
+
+    ids: Tensor
+    attention: Tensor
+    positions: Tensor
+    prompt_len: int
+
+
+def layout(prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor) -> Sequences:
+    """Concatenate left-padded prompts and right-padded responses into one forward-ready batch."""
+    attention = torch.cat([prompt_mask, response_mask], dim=1).long()
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    return Sequences(torch.cat([prompt_ids, response_ids], dim=1), attention, positions, prompt_ids.shape[1])
+
+
+def lora_settings(cfg: LoraConfig) -> PeftLoraConfig:
+    """peft LoraConfig from llmrl's; 'all-linear' (every linear layer but the LM head) by default."""
+    return PeftLoraConfig(
+        r=cfg.r,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=cfg.target_modules or "all-linear",
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+class PolicyStack(nn.Module):
+    """The frozen base, the `actor` (and optionally `critic`) adapters and the value head.
+
+    `hidden` runs the decoder only; the LM head is applied to response positions alone, so the
+    prompt's P positions never pay for a (P × vocab) projection.
+    """
+
+    def __init__(self, base: PreTrainedModel, lora: LoraConfig, with_critic: bool) -> None:
+        super().__init__()
+        for p in base.parameters():
+            p.requires_grad_(False)
+        self.peft: PeftModel = get_peft_model(base, lora_settings(lora), adapter_name="actor")
+        self.has_critic = with_critic
+        self.value_head: nn.Linear | None = None
+        if with_critic:
+            self.peft.add_adapter("critic", lora_settings(lora))
+            hidden = base.config.get_text_config().hidden_size
+            self.value_head = nn.Linear(hidden, 1, dtype=torch.float32, device=base.device)
+            nn.init.zeros_(self.value_head.bias)
+            nn.init.normal_(self.value_head.weight, std=1.0 / (hidden + 1) ** 0.5)
+        self.peft.set_adapter("actor")
+        self._role = "actor"
+
+    # ---- roles -------------------------------------------------------------------------------
+    @property
+    def lm(self) -> PreTrainedModel:
+        """The causal LM with the LoRA layers injected (what generation calls)."""
+        return self.peft.base_model.model
+
+    @contextmanager
+    def use(self, role: str) -> Iterator[None]:
+        """Run the body as `role`: 'actor', 'critic' or 'reference' (adapters disabled)."""
+        if role not in ROLES or (role == "critic" and not self.has_critic):
+            raise ValueError(f"unknown or unavailable role '{role}'")
+        previous = self._role
+        if role == "reference":
+            with self.peft.disable_adapter():
+                yield
+            return
+        self.peft.set_adapter(role)
+        self._role = role
+        try:
+            yield
+        finally:
+            self.peft.set_adapter(previous if previous != "reference" else "actor")
+            self._role = previous
+
+    def parameters_of(self, role: str) -> list[nn.Parameter]:
+        """Trainable parameters of 'actor' (its adapter) or 'critic' (its adapter + value head)."""
+        tag = f".{role}."
+        params = [p for n, p in self.peft.named_parameters() if tag in n]
+        if role == "critic" and self.value_head is not None:
+            params += list(self.value_head.parameters())
+        return params
+
+    # ---- forwards -----------------------------------------------------------------------------
+    def hidden(self, seq: Sequences) -> Tensor:
+        """Last hidden states at the positions that predict response tokens: (N, T, H)."""
+        out = self.lm.get_decoder()(
+            input_ids=seq.ids, attention_mask=seq.attention, position_ids=seq.positions, use_cache=False
+        )
+        return out.last_hidden_state[:, seq.prompt_len - 1 : -1]
+
+    def response_logits(self, seq: Sequences, temperature: float) -> Tensor:
+        """Logits of the response tokens divided by the temperature: (N, T, V), float32."""
+        h = self.hidden(seq)
+        return self.lm.get_output_embeddings()(h).float() / temperature
+
+    def values(self, seq: Sequences) -> Tensor:
+        """V(s_t) for every response position: value_head(h_t), (N, T). Call under `use('critic')`."""
+        assert self.value_head is not None
+        return self.value_head(self.hidden(seq).float()).squeeze(-1)
+
+
+def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
+    """log softmax(logits)[token]: (N, T, V), (N, T) → (N, T)."""
+    return torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

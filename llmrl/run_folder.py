@@ -1,0 +1,103 @@
+"""The run folder: config.yaml, metrics.jsonl, summary.json, adapters/ and value_head.safetensors.
+
+Every file but the metrics log is written atomically (temporary name, fsync, rename), so a crash
+never leaves a half-written file under its final name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from safetensors.torch import save_file
+
+from .config import Config, to_tree
+from .errors import LLMRLError
+from .models.stack import PolicyStack
+
+MARKER = "config.yaml"
+
+
+def atomic_write(path: Path, data: str | bytes) -> None:
+    """Write `data` to `path` through a temporary sibling, fsync and rename."""
+    mode = "wb" if isinstance(data, bytes) else "w"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, mode) as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class RunFolder:
+    """Writes one run's files under `path`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def create(cls, path: Path, overwrite: bool = False) -> "RunFolder":
+        """A fresh folder; one that already holds a run is refused unless `overwrite`."""
+        if (path / MARKER).exists():
+            if not overwrite:
+                raise LLMRLError(f"'{path}' already holds a run; pass --overwrite to replace it.")
+            shutil.rmtree(path)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            probe = path / ".write-test"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            raise LLMRLError(f"Cannot write to run folder '{path}': {exc.strerror}.", exit_code=1) from None
+        return cls(path)
+
+    def write_config(self, config: Config) -> None:
+        atomic_write(self.path / MARKER, yaml.safe_dump(to_tree(config), sort_keys=False))
+
+    def log_metrics(self, row: dict[str, Any]) -> None:
+        with open(self.path / "metrics.jsonl", "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        atomic_write(self.path / "summary.json", json.dumps(summary, indent=2) + "\n")
+
+    def save_models(self, stack: PolicyStack) -> None:
+        """adapters/actor and adapters/critic in PEFT format; the value head as safetensors."""
+        roles = ["actor"] + (["critic"] if stack.has_critic else [])
+        stack.peft.save_pretrained(str(self.path / "adapters"), selected_adapters=roles)
+        if stack.value_head is not None:
+            tensors = {k: v.detach().cpu().contiguous() for k, v in stack.value_head.state_dict().items()}
+            save_file(tensors, str(self.path / "value_head.safetensors"))
+
+
+@dataclass(frozen=True)
+class Run:
+    """A finished (or running) run read back from disk."""
+
+    path: Path
+    config: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    summary: dict[str, Any] | None
+
+
+def read_run(path: str | Path) -> Run:
+    """Load a run folder's config, metrics and summary (None while the run is unfinished)."""
+    p = Path(path)
+    if not (p / MARKER).is_file():
+        raise LLMRLError(f"'{p}' is not a run folder (no {MARKER}).")
+    config = yaml.safe_load((p / MARKER).read_text())
+    metrics_file = p / "metrics.jsonl"
+    metrics = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()] if metrics_file.exists() else []
+    summary_file = p / "summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
+    return Run(p, config, metrics, summary)
