@@ -27,22 +27,22 @@ _ONE_UPDATE = {"update.epochs": 1, "update.minibatch_size": 64}
 ALGOS: dict[str, Algo] = {
     a.name: a
     for a in [
-        Algo("ppo", "gae", "Schulman et al. 2017, Proximal Policy Optimization Algorithms",
+        Algo("ppo", "gae", "Schulman et al. 2017 (PPO); GAE: Schulman et al. 2016",
              {"kl.placement": "reward", "kl.estimator": "k1"}),
-        Algo("reinforce", "reinforce", "Williams 1992, Simple Statistical Gradient-Following Algorithms",
+        Algo("reinforce", "reinforce", "Williams 1992 (REINFORCE)",
              {"kl.placement": "reward", "kl.estimator": "k1", **_ONE_UPDATE}),
-        Algo("reinforce_baseline", "reinforce_baseline", "Williams 1992; Sutton & Barto ch. 13.4",
+        Algo("reinforce_baseline", "reinforce_baseline", "Williams 1992; Sutton & Barto 2018 §13.4",
              {"kl.placement": "reward", "kl.estimator": "k1", **_ONE_UPDATE}),
-        Algo("a2c", "a2c", "Mnih et al. 2016, Asynchronous Methods for Deep RL",
+        Algo("a2c", "a2c", "Mnih et al. 2016 (A3C/A2C)",
              {"kl.placement": "reward", "kl.estimator": "k1", **_ONE_UPDATE}),
-        Algo("grpo", "grpo", "Shao et al. 2024, DeepSeekMath",
+        Algo("grpo", "grpo", "Shao et al. 2024 (DeepSeekMath)",
              {"kl.placement": "loss", "kl.estimator": "k3", "kl.beta": 0.04, "update.epochs": 1, **_GROUPS}),
-        Algo("dr_grpo", "dr_grpo", "Liu et al. 2025, Understanding R1-Zero-Like Training",
+        Algo("dr_grpo", "dr_grpo", "Liu et al. 2025 (Dr. GRPO)",
              {"kl.placement": "loss", "kl.estimator": "k3", "kl.beta": 0.0, "update.epochs": 1,
               "update.loss_agg": "seq-mean-token-sum", **_GROUPS}),
-        Algo("rloo", "rloo", "Ahmadian et al. 2024, Back to Basics: Revisiting REINFORCE-Style Optimization",
+        Algo("rloo", "rloo", "Ahmadian et al. 2024 (RLOO)",
              {"kl.placement": "reward", "kl.estimator": "k1", **_ONE_UPDATE, **_GROUPS}),
-        Algo("remax", "remax", "Li et al. 2023, ReMax",
+        Algo("remax", "remax", "Li et al. 2023 (ReMax)",
              {"kl.placement": "reward", "kl.estimator": "k1", **_ONE_UPDATE}),
     ]
 }

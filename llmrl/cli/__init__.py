@@ -7,6 +7,7 @@ import warnings
 import typer
 from transformers.utils import logging as hf_logging
 
+from .algos_cmd import advantages, algos
 from .config_cmd import config
 from .train import train
 
@@ -22,6 +23,8 @@ app = typer.Typer(
 )
 app.command()(train)
 app.command()(config)
+app.command()(algos)
+app.command()(advantages)
 
 
 def main() -> None:

@@ -1,0 +1,128 @@
+"""`llmrl algos` (the table of methods, from the registry) and `llmrl advantages` (run one estimator)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..algos import ALGOS, get_algo
+from ..config.schema import EstimatorConfig
+from ..errors import ConfigError
+from ..estimators import EstimatorInput, get_estimator
+from .errors import friendly
+
+
+@friendly
+def algos() -> None:
+    """Every registered algorithm: its Q estimate, baseline, what it needs and its paper."""
+    table = Table(title="Algorithms (advantage = Q estimate − baseline)")
+    for col in ("algo", "estimator", "Q estimate", "baseline", "needs", "paper"):
+        table.add_column(col)
+    for algo in ALGOS.values():
+        spec = get_estimator(algo.estimator)
+        needs = [n for n, on in (("critic", spec.needs.critic), ("G samples per prompt", spec.needs.groups),
+                                 ("greedy rollout", spec.needs.greedy)) if on]
+        table.add_row(algo.name, spec.name, spec.q_estimate, spec.baseline, ", ".join(needs) or "—", algo.paper)
+    Console().print(table)
+
+
+def _matrix(data: dict[str, Any], key: str) -> torch.Tensor | None:
+    rows = data.get(key)
+    if rows is None:
+        return None
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, list) for r in rows):
+        raise ConfigError(f"'{key}' must be a non-empty list of rows (lists of numbers).")
+    if len({len(r) for r in rows}) != 1:
+        raise ConfigError(f"'{key}' has ragged rows; every row must have the same length.")
+    try:
+        return torch.tensor(rows, dtype=torch.float32)
+    except (TypeError, ValueError):
+        raise ConfigError(f"'{key}' must hold only numbers.") from None
+
+
+def _vector(data: dict[str, Any], key: str) -> torch.Tensor | None:
+    values = data.get(key)
+    if values is None:
+        return None
+    try:
+        return torch.tensor(values, dtype=torch.float32).reshape(-1)
+    except (TypeError, ValueError):
+        raise ConfigError(f"'{key}' must be a list of numbers.") from None
+
+
+def parse_input(data: Any, estimator: str) -> EstimatorInput:
+    """Validate the JSON of `llmrl advantages` and build the estimator's input record."""
+    if not isinstance(data, dict):
+        raise ConfigError("The input must be a JSON object.")
+    spec = get_estimator(estimator)
+    rewards = _matrix(data, "token_rewards")
+    scores = _vector(data, "scores")
+    if (rewards is None) == (scores is None):
+        raise ConfigError("Give exactly one of 'token_rewards' (per token) or 'scores' (one per response).")
+    if rewards is None:
+        rewards = scores[:, None]  # one-token responses carrying their sequence reward
+    values = _matrix(data, "values")
+    if spec.needs.critic and values is None:
+        raise ConfigError(f"Estimator '{estimator}' needs 'values' (the critic's V(s_t) per token).")
+    if values is not None and values.shape != rewards.shape:
+        raise ConfigError(f"'values' has shape {tuple(values.shape)} but the rewards have {tuple(rewards.shape)}.")
+    n = rewards.shape[0]
+    group = data.get("group_size", n if spec.needs.groups else 1)
+    if not isinstance(group, int) or group < 1 or n % group:
+        raise ConfigError(f"'group_size' must be a positive integer dividing the {n} rows, got {group!r}.")
+    if spec.needs.groups and group < 2:
+        raise ConfigError(f"Estimator '{estimator}' needs groups of at least 2 responses per prompt.")
+    baseline = _vector(data, "baseline_scores")
+    if spec.needs.greedy and (baseline is None or baseline.shape[0] != n):
+        raise ConfigError(f"Estimator '{estimator}' needs 'baseline_scores', one per row ({n}).")
+    d = EstimatorConfig()
+    return EstimatorInput(rewards, torch.ones_like(rewards, dtype=torch.bool), group, values, baseline,
+                          float(data.get("gamma", d.gamma)), float(data.get("lam", d.lam)), int(data.get("n", d.n_step)))
+
+
+def _rounded(x: torch.Tensor | None) -> list[list[float]] | None:
+    return None if x is None else [[round(v, 6) for v in row] for row in x.tolist()]
+
+
+@friendly
+def advantages(
+    algo: str = typer.Option(..., "--algo", "-a", help="Algorithm (or estimator) name, see `llmrl algos`."),
+    input: str = typer.Option(..., "--input", "-i", help="JSON file, or - for standard input."),
+    as_json: bool = typer.Option(False, "--json", help="Print {\"advantages\": ..., \"returns\": ...} as JSON."),
+) -> None:
+    """Compute advantages and returns of one estimator for given rewards (and values).
+
+    Input JSON: {"token_rewards": [[...]], "values": [[...]], "scores": [...], "group_size": G,
+    "baseline_scores": [...], "gamma": γ, "lam": λ, "n": n}.
+    """
+    estimator = algo if algo not in ALGOS else get_algo(algo).estimator
+    try:
+        text = sys.stdin.read() if input == "-" else Path(input).read_text()
+    except OSError as exc:
+        raise ConfigError(f"Cannot read input '{input}': {exc.strerror}.") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"Input '{input}' is not valid JSON (line {exc.lineno}).") from None
+    out = get_estimator(estimator).fn(parse_input(data, estimator))
+    result = {"advantages": _rounded(out.advantages), "returns": _rounded(out.returns)}
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    table = Table(title=f"{estimator}: advantages and returns")
+    table.add_column("row")
+    table.add_column("advantages")
+    table.add_column("returns")
+    for i, adv in enumerate(result["advantages"]):
+        ret = result["returns"][i] if result["returns"] else "—"
+        table.add_row(str(i), str(adv), str(ret))
+    Console().print(table)
+    for k, v in out.stats.items():
+        Console().print(f"{k}: {v:.4g}")

@@ -1,0 +1,37 @@
+"""Shared fixtures: a tiny random Llama model saved to disk, built in-process (no hub)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from llmrl.models.tokenizer import build_char_tokenizer
+
+
+def make_tiny_model(seed: int = 0) -> LlamaForCausalLM:
+    tok = build_char_tokenizer()
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
+        pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+    )
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding a random 2-layer Llama and the char tokenizer, loadable by `--model`."""
+    path = tmp_path_factory.mktemp("tiny-model")
+    make_tiny_model().save_pretrained(path)
+    build_char_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never touch the user's cache: a built-in model built by a test lands in a temp folder."""
+    monkeypatch.setenv("LLMRL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
