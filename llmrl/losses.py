@@ -87,6 +87,10 @@ def value_loss(
     **totals: float | None,
 ) -> Tensor:
     """½ max((V − R)², (V_clip − R)²) with V_clip = V_old + clip(V − V_old, −c, c); no clip when c is None."""
+    zeros = torch.zeros_like(values)
+    values = torch.where(mask, values, zeros)  # junk at masked positions must not reach the gradient
+    returns = torch.where(mask, returns, zeros)
+    old_values = torch.where(mask, old_values, zeros)
     err = (values - returns) ** 2
     if clip is not None:
         v_clipped = old_values + torch.clamp(values - old_values, -clip, clip)

@@ -258,16 +258,7 @@ def test_grpo_eps_keeps_constant_groups_finite() -> None:
 # Properties over every registered estimator
 # ---------------------------------------------------------------------------------------------
 
-# reward_to_go (llmrl/estimators/returns.py) runs its recurrence over masked positions without zeroing
-# them first, so junk (or NaN) in token_rewards at padded positions leaks into the kept G_t.
-JUNK_LEAKS = {"reinforce", "reinforce_baseline"}
-
-
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="package bug: reward_to_go ignores the mask"))
-     if n in JUNK_LEAKS else n for n in ALL],
-)
+@pytest.mark.parametrize("name", ALL)
 @pytest.mark.parametrize("junk", ["large", "nan"])
 def test_masked_junk_changes_nothing(name, junk) -> None:
     gen = torch.Generator().manual_seed(1)

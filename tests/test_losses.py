@@ -194,7 +194,6 @@ def test_value_loss_value_ignores_nan_at_masked_positions(clip) -> None:
     close(out, 0.405)
 
 
-@pytest.mark.xfail(strict=True, reason="package bug: value_loss lets NaN at masked positions into the gradient")
 def test_value_loss_gradient_ignores_nan_at_masked_positions() -> None:
     # losses.py promises masked positions never influence a result "whatever they hold"; policy_loss
     # keeps that for its gradient (torch.where before exp), value_loss does not: d/dV of (V − NaN)² · 0 = NaN.

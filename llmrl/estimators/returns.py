@@ -10,6 +10,7 @@ from ..ops import masked_sum
 
 def reward_to_go(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
     """G_t = Σ_{k≥0} γ^k r_{t+k}, (N, T) → (N, T); 0 where masked."""
+    rewards = torch.where(mask, rewards, torch.zeros_like(rewards))
     out = torch.zeros_like(rewards)
     running = torch.zeros_like(rewards[:, 0])
     for t in reversed(range(rewards.shape[1])):
@@ -25,5 +26,5 @@ def sequence_reward(rewards: Tensor, mask: Tensor) -> Tensor:
 
 def broadcast(per_row: Tensor, mask: Tensor) -> Tensor:
     """(N,) → (N, T): the same value on every kept token of a row, 0 where masked."""
-    out = per_row[:, None].expand(mask.shape).to(torch.float32)
+    out = per_row[:, None].expand(mask.shape)
     return torch.where(mask, out, torch.zeros_like(out))

@@ -14,6 +14,8 @@ import os
 import random
 import shutil
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers.utils import logging as hf_logging
 
 from llmrl.models.tokenizer import build_char_tokenizer
 from llmrl.tasks.arithmetic import splits
@@ -158,6 +161,18 @@ def _warm_start(
     model.eval()
 
 
+@contextmanager
+def _no_hf_progress_bars() -> Iterator[None]:
+    """Silence transformers' own tqdm bars (e.g. "Writing model shards") inside the block."""
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def build_tiny(
     out_dir: Path, *, seed: int = 0, show_progress: bool = True, steps: int | None = None
 ) -> Path:
@@ -184,7 +199,8 @@ def build_tiny(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        with _no_hf_progress_bars():
+            model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         try:
             os.rename(tmp, out_dir)  # atomic; replaces only an empty `out_dir`
