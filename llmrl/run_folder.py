@@ -61,6 +61,22 @@ class RunFolder:
             raise LLMRLError(f"Cannot write to run folder '{path}': {exc.strerror}.", exit_code=1) from None
         return cls(path)
 
+    @classmethod
+    def open(cls, path: Path) -> "RunFolder":
+        """An existing run folder, to resume."""
+        if not (path / MARKER).is_file():
+            raise LLMRLError(f"'{path}' is not a run folder (no {MARKER}); nothing to resume.")
+        return cls(path)
+
+    def truncate_metrics(self, steps: int) -> None:
+        """Keep the first `steps` rows of metrics.jsonl (rows logged after the checkpoint are redone)."""
+        f = self.path / "metrics.jsonl"
+        if not f.exists():
+            return
+        rows = [line for line in f.read_text().splitlines() if line.strip()]
+        kept = [line for line in rows if json.loads(line).get("step", 0) <= steps]
+        atomic_write(f, "".join(line + "\n" for line in kept))
+
     def write_config(self, config: Config) -> None:
         atomic_write(self.path / MARKER, yaml.safe_dump(to_tree(config), sort_keys=False))
 

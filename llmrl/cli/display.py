@@ -66,6 +66,15 @@ class RichReporter:
         self.after = result
         self.accuracy = result.accuracy
 
+    def resumed(self, step: int) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task_id, completed=step)
+        self.console.print(f"Resuming after step {step}.")
+
+    def stopped(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
     def step(self, row: dict[str, Any]) -> None:
         kl = "—" if row.get("kl") is None else f"{row['kl']:.3f}"
         stats = f"reward {row['reward_mean']:.3f}  KL {kl}  acc {_pct(self.accuracy)}"

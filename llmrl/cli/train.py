@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from ..config import load_config
+from ..errors import ConfigError
 from ..engine.trainer import train as run_training
 from .display import RichReporter
 from .errors import friendly
@@ -24,12 +25,19 @@ def train(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run folder. Default: runs/<algo>-<task>-<time>."),
     sets: Optional[list[str]] = typer.Option(None, "--set", help="Any other setting as key=value, e.g. --set update.lr_actor=1e-3 (repeatable; `llmrl config` lists keys)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run already in --out."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this folder from its newest checkpoint (with --steps to extend it)."),
 ) -> None:
     """Train a model with RL: rollout → reward → advantage → update, for --steps steps.
 
     With no options it trains the built-in tiny model on two-digit addition with PPO, on the CPU,
     in a few minutes, and prints held-out accuracy before → after.
     """
+    if resume is not None:
+        if any(v is not None for v in (algo, recipe, model, task, seed, out)) or sets or overwrite:
+            raise ConfigError("--resume continues a run with its own settings; only --steps may be given with it.")
+        config = load_config(resume / "config.yaml", {"out": str(resume), "steps": steps})
+        run_training(config, RichReporter(), resume=True)
+        return
     overrides = {"algo": algo, "model.name": model, "task": task, "steps": steps, "seed": seed,
                  "out": str(out) if out else None}
     config = load_config(recipe, overrides, sets)

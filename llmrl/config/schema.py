@@ -97,6 +97,12 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = opt(20, "save a checkpoint every N steps (0: only at the end and on interrupt)", min=0)
+    keep: int = opt(2, "how many recent checkpoints to keep", min=1)
+
+
+@dataclass(frozen=True)
 class Config:
     algo: str = opt("ppo", "algorithm preset (see `llmrl algos`)")
     task: str = opt("arithmetic", "built-in task providing prompts and a reward")
@@ -111,3 +117,4 @@ class Config:
     kl: KLConfig = field(default_factory=KLConfig)
     update: UpdateConfig = field(default_factory=UpdateConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

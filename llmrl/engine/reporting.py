@@ -18,6 +18,8 @@ class Reporter(Protocol):
     def evaluated(self, step: int, result: EvalResult | None) -> None: ...
     def step(self, row: dict[str, Any]) -> None: ...
     def end(self, summary: dict[str, Any]) -> None: ...
+    def resumed(self, step: int) -> None: ...
+    def stopped(self) -> None: ...
 
 
 class NullReporter:
@@ -33,4 +35,10 @@ class NullReporter:
         pass
 
     def end(self, summary: dict[str, Any]) -> None:
+        pass
+
+    def resumed(self, step: int) -> None:
+        pass
+
+    def stopped(self) -> None:
         pass

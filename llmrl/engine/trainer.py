@@ -13,17 +13,21 @@ The loop never names an algorithm: `setup` reads the estimator's `needs` into a 
 from __future__ import annotations
 
 import random
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from ..config import Config
-from ..errors import ConfigError
+from ..checkpoint import list_checkpoints, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from ..errors import ConfigError, LLMRLError
 from ..estimators import EstimatorSpec, get_estimator, import_user_module
 from ..kl_control import KLController
 from ..memory import peak_device_mib, peak_rss_mib, role_costs
@@ -74,18 +78,20 @@ def resolve_estimator(config: Config) -> EstimatorSpec:
     return spec
 
 
-def setup(config: Config, reporter: Reporter, overwrite: bool = False) -> Session:
-    """Load the task and model, build the stack and optimizers, create the run folder."""
+def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: bool = False) -> Session:
+    """Load the task and model, build the stack and optimizers, create (or reopen) the run folder."""
     spec = resolve_estimator(config)
     task = get_task(config.task)
-    folder = RunFolder.create(Path(config.out) if config.out else default_out(config), overwrite)
+    path = Path(config.out) if config.out else default_out(config)
+    folder = RunFolder.open(path) if resume else RunFolder.create(path, overwrite)
     if config.threads:
         torch.set_num_threads(config.threads)
     base, tokenizer = load_base(config.model, show_progress=reporter.interactive)
     seed_everything(config.seed)
     stack = PolicyStack(base, config.lora, with_critic=spec.needs.critic)
     plan = RolloutPlan(reference=config.kl.beta > 0, critic=spec.needs.critic, greedy=spec.needs.greedy)
-    folder.write_config(config)
+    if not resume:
+        folder.write_config(config)
     return Session(
         config, task, tokenizer, stack, spec, plan, make_optimizers(stack, config.update),
         KLController(config.kl.beta, config.kl.adaptive, config.kl.target, config.kl.horizon),
@@ -135,28 +141,102 @@ def train_step(s: Session, step: int) -> dict[str, Any]:
     }
 
 
-def train(config: Config, reporter: Reporter | None = None, overwrite: bool = False) -> Run:
-    """Run `config` to the end and return the finished run read back from its folder."""
+def _state(s: Session, step: int, before: EvalResult | None, elapsed: float) -> dict[str, Any]:
+    """Everything besides the weights that an exact resume needs."""
+    return {
+        "step": step,
+        "optimizers": {role: opt.state_dict() for role, opt in s.opts.items()},
+        "kl": s.kl.state_dict(),
+        "generator": s.generator.get_state(),
+        "rng": rng_state(),
+        "eval_before": None if before is None else {"accuracy": before.accuracy, "reward_mean": before.reward_mean},
+        "elapsed_s": elapsed,
+    }
+
+
+def _restore(s: Session) -> tuple[int, EvalResult | None, float]:
+    """Load the newest checkpoint into the session: (completed steps, eval-before, elapsed seconds)."""
+    found = list_checkpoints(s.folder.path)
+    if not found:
+        raise LLMRLError(f"'{s.folder.path}' has no checkpoint to resume from; start it again with --overwrite.")
+    state = load_checkpoint(found[-1], s.stack)
+    for role, opt in s.opts.items():
+        opt.load_state_dict(state["optimizers"][role])
+    s.kl.load_state_dict(state["kl"])
+    s.generator.set_state(state["generator"])
+    restore_rng(state["rng"])
+    s.folder.truncate_metrics(state["step"])
+    before = state["eval_before"]
+    result = None if before is None else EvalResult(before["accuracy"], before["reward_mean"], [])
+    return state["step"], result, float(state["elapsed_s"])
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM like Ctrl-C so both end in a checkpoint (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def train(config: Config, reporter: Reporter | None = None, overwrite: bool = False, resume: bool = False) -> Run:
+    """Run `config` to the end and return the finished run read back from its folder.
+
+    With `resume`, `config.out` must hold a run with a checkpoint: it continues from the newest one
+    and, on CPU with the same settings, produces the same metrics as an uninterrupted run.
+    """
     reporter = reporter or NullReporter()
     t0 = time.perf_counter()
-    s = setup(config, reporter, overwrite)
+    s = setup(config, reporter, overwrite, resume)
+    start, elapsed = 0, 0.0
     reporter.start(config, role_costs(s.stack), s.folder.path)
-    before = run_eval(s)
+    if resume:
+        start, before, elapsed = _restore(s)
+        reporter.resumed(start)
+    else:
+        before = run_eval(s)
     reporter.evaluated(0, before)
-    history: list[dict[str, Any]] = []
-    for step in range(config.steps):
-        row = train_step(s, step)
-        if config.eval.every and (step + 1) % config.eval.every == 0 and step + 1 < config.steps:
-            result = run_eval(s)
-            row["eval_accuracy"] = result.accuracy if result else None
-            reporter.evaluated(step + 1, result)
-        s.folder.log_metrics(row)
-        history.append(row)
-        reporter.step(row)
+    wall = lambda: elapsed + time.perf_counter() - t0  # noqa: E731
+    saved = start
+    step = start
+    with _sigterm_as_interrupt():
+        try:
+            for step in range(start, config.steps):
+                row = train_step(s, step)
+                if config.eval.every and (step + 1) % config.eval.every == 0 and step + 1 < config.steps:
+                    result = run_eval(s)
+                    row["eval_accuracy"] = result.accuracy if result else None
+                    reporter.evaluated(step + 1, result)
+                s.folder.log_metrics(row)
+                reporter.step(row)
+                if config.checkpoint.every and (step + 1) % config.checkpoint.every == 0:
+                    save_checkpoint(s.folder.path, step + 1, s.stack, _state(s, step + 1, before, wall()), config.checkpoint.keep)
+                    saved = step + 1
+            step = config.steps
+        except KeyboardInterrupt:
+            done = len(read_run(s.folder.path).metrics)
+            if done > saved:
+                save_checkpoint(s.folder.path, done, s.stack, _state(s, done, before, wall()), config.checkpoint.keep)
+            reporter.stopped()
+            raise LLMRLError(
+                f"Interrupted after step {done}; continue with: llmrl train --resume {s.folder.path}", exit_code=130
+            ) from None
+    if saved < config.steps:
+        save_checkpoint(s.folder.path, config.steps, s.stack, _state(s, config.steps, before, wall()), config.checkpoint.keep)
     after = run_eval(s)
     reporter.evaluated(config.steps, after)
     s.folder.save_models(s.stack)
-    summary = summarize(config, history, before, after, time.perf_counter() - t0, s.folder.path)
+    history = read_run(s.folder.path).metrics
+    summary = summarize(config, history, before, after, wall(), s.folder.path)
     s.folder.write_summary(summary)
     reporter.end(summary)
     return read_run(s.folder.path)

@@ -108,6 +108,9 @@ class PolicyStack(nn.Module):
             self.peft.set_adapter(previous if previous != "reference" else "actor")
             self._role = previous
 
+    def trainable_roles(self) -> list[str]:
+        return ["actor", "critic"] if self.has_critic else ["actor"]
+
     def parameters_of(self, role: str) -> list[nn.Parameter]:
         """Trainable parameters of 'actor' (its adapter) or 'critic' (its adapter + value head)."""
         tag = f".{role}."

@@ -42,9 +42,9 @@ class TinyRecipe:
     num_layers: int = 2
     num_heads: int = 4
     intermediate_size: int = 256
-    steps: int = 600
+    steps: int = 500
     batch_size: int = 256
-    lr: float = 3e-3
+    lr: float = 1e-3
     warmup_steps: int = 30
     weight_decay: float = 0.01
 
