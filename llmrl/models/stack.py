@@ -80,7 +80,7 @@ class PolicyStack(nn.Module):
             hidden = base.config.get_text_config().hidden_size
             self.value_head = nn.Linear(hidden, 1, dtype=torch.float32, device=base.device)
             nn.init.zeros_(self.value_head.bias)
-            nn.init.normal_(self.value_head.weight, std=1.0 / (hidden + 1) ** 0.5)
+            nn.init.zeros_(self.value_head.weight)  # V ≡ 0 at the start: no random baseline noise
         self.peft.set_adapter("actor")
         self._role = "actor"
 
