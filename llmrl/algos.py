@@ -1,8 +1,8 @@
 """Algorithms: each is an advantage estimator plus the loss/KL defaults of its paper.
 
 `--algo NAME` applies `ALGOS[NAME].preset` on top of the schema defaults and below the recipe and
-the user's overrides, so every preset value stays overridable. Rows per step stay 64 in every
-preset (64 prompts × 1, or 16 prompts × 4 samples) so that algorithms see the same token budget.
+the user's overrides, so every preset value stays overridable. Rows per step stay 128 in every
+preset (128 prompts × 1, or 32 prompts × 4 samples) so that algorithms see the same token budget.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ class Algo:
     preset: dict[str, Any] = field(default_factory=dict)
 
 
-_GROUPS = {"rollout.prompts_per_step": 16, "rollout.num_generations": 4}
-_ONE_UPDATE = {"update.epochs": 1, "update.minibatch_size": 64}
+_GROUPS = {"rollout.prompts_per_step": 32, "rollout.num_generations": 4}
+_ONE_UPDATE = {"update.epochs": 1, "update.minibatch_size": 128}
 
 ALGOS: dict[str, Algo] = {
     a.name: a
     for a in [
         Algo("ppo", "gae", "Schulman et al. 2017 (PPO); GAE: Schulman et al. 2016",
-             {"kl.placement": "reward", "kl.estimator": "k1"}),
+             {"kl.placement": "reward", "kl.estimator": "k1", "estimator.whiten": True}),
         Algo("reinforce", "reinforce", "Williams 1992 (REINFORCE)",
              {"kl.placement": "reward", "kl.estimator": "k1", **_ONE_UPDATE}),
         Algo("reinforce_baseline", "reinforce_baseline", "Williams 1992; Sutton & Barto 2018 §13.4",

@@ -17,8 +17,24 @@ from llmrl import load_config, read_run
 from llmrl.cli import app
 from llmrl.engine.reporting import NullReporter
 from llmrl.engine.trainer import setup, train_step
+from llmrl.tasks import TASKS, Task, get_task
 
 SMALL = ["--set", "rollout.prompts_per_step=8", "--set", "update.minibatch_size=4", "--set", "eval.size=16"]
+
+
+def _digit_share(prompts: list[str], completions: list[str], answer: list[str]) -> list[float]:
+    """A dense reward a random model earns too: the share of digits in the completion."""
+    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+
+
+@pytest.fixture(autouse=True)
+def digits_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Task 'digits': the arithmetic prompts with `_digit_share` as reward (registered for the test)."""
+    def make() -> Task:
+        base = get_task("arithmetic")
+        return Task("digits", base.train, base.eval, _digit_share)
+
+    monkeypatch.setitem(TASKS, "digits", make)
 
 
 def _train(args: list[str]) -> tuple[int, str, str]:
@@ -28,7 +44,7 @@ def _train(args: list[str]) -> tuple[int, str, str]:
 
 def test_train_cli_writes_a_complete_run_folder(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    code, stdout, stderr = _train(["--model", str(tiny_model_dir), "--steps", "3", "--out", str(out), *SMALL])
+    code, stdout, stderr = _train(["--model", str(tiny_model_dir), "--task", "digits", "--steps", "3", "--out", str(out), *SMALL])
     assert code == 0, stderr
     assert "held-out accuracy" in stdout and str(out) in stdout.replace("\n", "")
     assert yaml.safe_load((out / "config.yaml").read_text())["algo"] == "ppo"
@@ -57,7 +73,7 @@ def test_train_cli_writes_a_complete_run_folder(tiny_model_dir: Path, tmp_path: 
 
 
 def test_only_adapters_and_value_head_change(tiny_model_dir: Path, tmp_path: Path) -> None:
-    config = load_config(overrides={"model.name": str(tiny_model_dir), "out": str(tmp_path / "r")},
+    config = load_config(overrides={"model.name": str(tiny_model_dir), "task": "digits", "out": str(tmp_path / "r")},
                          sets=SMALL[1::2])
     session = setup(config, NullReporter())
     before = {n: p.detach().clone() for n, p in session.stack.named_parameters()}
@@ -74,7 +90,7 @@ def test_only_adapters_and_value_head_change(tiny_model_dir: Path, tmp_path: Pat
 def test_same_seed_same_metrics(tiny_model_dir: Path, tmp_path: Path) -> None:
     rows = []
     for name in ("a", "b"):
-        code, _, err = _train(["--model", str(tiny_model_dir), "--steps", "2", "--out", str(tmp_path / name), *SMALL])
+        code, _, err = _train(["--model", str(tiny_model_dir), "--task", "digits", "--steps", "2", "--out", str(tmp_path / name), *SMALL])
         assert code == 0, err
         rows.append([{k: v for k, v in json.loads(line).items() if k != "step_time_s"}
                      for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()])

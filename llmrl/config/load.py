@@ -1,7 +1,7 @@
 """Load, merge and validate a run's configuration.
 
-Precedence, lowest first: dataclass defaults < the algorithm's preset < the recipe file < flags and
-`--set key=value` overrides. The result is a frozen `Config`; every user mistake becomes a
+Precedence, lowest first: dataclass defaults < the algorithm's preset < the built-in model's own
+recommendations (`model_defaults.py`) < the recipe file < flags and `--set key=value` overrides. The result is a frozen `Config`; every user mistake becomes a
 `ConfigError` naming the key (with the closest valid key when it is unknown).
 """
 
@@ -17,7 +17,8 @@ from typing import Any, Mapping
 import yaml
 
 from ..errors import ConfigError
-from .schema import Config
+from .model_defaults import defaults_for_model
+from .schema import Config, ModelConfig
 
 
 def _is_section(tp: Any) -> bool:
@@ -171,7 +172,7 @@ def load_config(
     overrides: Mapping[str, Any] | None = None,
     sets: list[str] | None = None,
 ) -> Config:
-    """The run's Config: defaults < algo preset < recipe < overrides < `--set` items.
+    """The run's Config: defaults < algo preset < model defaults < recipe < overrides < `--set` items.
 
     `overrides` holds already-typed values (CLI flags, Python callers); `sets` holds raw
     'key=value' strings.
@@ -182,7 +183,8 @@ def load_config(
     user.update({k: v for k, v in (overrides or {}).items() if v is not None})
     user.update(dict(parse_override(s) for s in sets or []))
     algo = user.get("algo", Config.algo)
-    merged = {**preset_for(str(algo)), **user}
+    model = user.get("model.name", ModelConfig.name)
+    merged = {**preset_for(str(algo)), **defaults_for_model(str(model)), **user}
     config = build(merged)
     _check_consistency(config)
     return config

@@ -32,13 +32,16 @@ class LoraConfig:
     alpha: float = opt(32.0, "LoRA scaling numerator (scale = alpha / r)", gt=0)
     dropout: float = opt(0.0, "LoRA dropout", min=0, max=1)
     target_modules: list[str] | None = opt(
-        None, "module names to adapt; default: attention and MLP projections of the architecture"
+        None, "module names to adapt; default: every linear layer except the LM head ('all-linear')"
+    )
+    modules_to_save: list[str] | None = opt(
+        None, "modules trained in full inside each adapter (e.g. 'norm'); the reference keeps the originals"
     )
 
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    prompts_per_step: int = opt(64, "B: prompts sampled per step", min=1)
+    prompts_per_step: int = opt(128, "B: prompts sampled per step", min=1)
     num_generations: int = opt(1, "G: responses per prompt (rows of a group are contiguous)", min=1)
     max_new_tokens: int = opt(5, "longest response in tokens", min=1)
     temperature: float = opt(1.0, "sampling temperature (the policy is softmax(logits / T))", gt=0)
@@ -70,8 +73,8 @@ class KLConfig:
 
 @dataclass(frozen=True)
 class UpdateConfig:
-    epochs: int = opt(2, "passes over each rollout batch", min=1)
-    minibatch_size: int = opt(32, "rows per optimizer step", min=1)
+    epochs: int = opt(1, "passes over each rollout batch", min=1)
+    minibatch_size: int = opt(64, "rows per optimizer step", min=1)
     micro_batch_size: int | None = opt(None, "rows per forward/backward (gradient accumulation); default: minibatch", min=1)
     lr_actor: float = opt(2e-3, "AdamW learning rate of the actor adapter", gt=0)
     lr_critic: float = opt(5e-3, "AdamW learning rate of the critic adapter and value head", gt=0)
@@ -91,14 +94,14 @@ class UpdateConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    size: int = opt(200, "held-out prompts scored by greedy decoding (0: skip)", min=0)
-    every: int = opt(0, "also evaluate every N steps (0: only before and after)", min=0)
+    size: int = opt(500, "held-out prompts scored by greedy decoding (0: skip)", min=0)
+    every: int = opt(100, "also evaluate every N steps (0: only before and after)", min=0)
     batch_size: int = opt(256, "prompts per evaluation batch", min=1)
 
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    every: int = opt(20, "save a checkpoint every N steps (0: only at the end and on interrupt)", min=0)
+    every: int = opt(100, "save a checkpoint every N steps (0: only at the end and on interrupt)", min=0)
     keep: int = opt(2, "how many recent checkpoints to keep", min=1)
 
 
@@ -107,7 +110,7 @@ class Config:
     algo: str = opt("ppo", "algorithm preset (see `llmrl algos`)")
     task: str = opt("arithmetic", "built-in task providing prompts and a reward")
     seed: int = opt(0, "seed of every random choice in the run", min=0)
-    steps: int = opt(40, "training steps (one rollout batch each)", min=1)
+    steps: int = opt(600, "training steps (one rollout batch each)", min=1)
     out: str | None = opt(None, "run folder; default: runs/<algo>-<task>-<time>")
     threads: int | None = opt(None, "torch CPU threads; default: torch's choice", min=1)
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -56,6 +56,7 @@ def lora_settings(cfg: LoraConfig) -> PeftLoraConfig:
         lora_alpha=cfg.alpha,
         lora_dropout=cfg.dropout,
         target_modules=cfg.target_modules or "all-linear",
+        modules_to_save=cfg.modules_to_save,
         bias="none",
         task_type="CAUSAL_LM",
     )
