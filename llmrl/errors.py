@@ -22,6 +22,11 @@ class ConfigError(LLMRLError):
 
 
 class RunFailed(LLMRLError):
-    """A run stopped because of something outside llmrl's control (reward function, disk, ...)."""
+    """A run stopped because of something outside llmrl's control (reward function, disk, ...).
+
+    `consistent` means the training state is still that of the last completed step (nothing was
+    updated yet), so the trainer checkpoints it before stopping: nothing is lost.
+    """
 
     exit_code = 1
+    consistent = False

@@ -35,3 +35,11 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Never touch the user's cache: a built-in model built by a test lands in a temp folder."""
     monkeypatch.setenv("LLMRL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+@pytest.fixture(scope="session")
+def warm_tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The built-in tiny model, warm-started for real (≈ 20 s once per session): rewards are non-zero."""
+    from llmrl.models.tiny import build_tiny
+
+    return build_tiny(tmp_path_factory.mktemp("warm") / "tiny", show_progress=False)

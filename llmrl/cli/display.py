@@ -34,6 +34,7 @@ class RichReporter:
         self.accuracy: float | None = None
         self.before: EvalResult | None = None
         self.after: EvalResult | None = None
+        self.warned_zero = False
 
     def start(self, config: Config, costs: list[RoleCost], run_dir: Path) -> None:
         table = Table(title=f"Memory by role ({config.model.name}, {config.model.dtype})")
@@ -76,6 +77,12 @@ class RichReporter:
             self.progress.stop()
 
     def step(self, row: dict[str, Any]) -> None:
+        if row.get("zero_advantage") and not self.warned_zero:
+            self.warned_zero = True
+            self.console.print(f"[yellow]step {row['step']}: every advantage was zero, so this update "
+                               "had no learning signal (all rewards equal?). Logged as zero_advantage.[/]")
+        if row.get("skipped_updates"):
+            self.console.print(f"[yellow]step {row['step']}: non-finite loss or gradient; update skipped.[/]")
         kl = "—" if row.get("kl") is None else f"{row['kl']:.3f}"
         stats = f"reward {row['reward_mean']:.3f}  KL {kl}  acc {_pct(self.accuracy)}"
         if self.progress is not None:

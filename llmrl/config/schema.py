@@ -86,6 +86,7 @@ class UpdateConfig:
     vf_coef: float = opt(0.5, "value loss scale", min=0)
     ent_coef: float = opt(0.0, "entropy bonus coefficient", min=0)
     max_grad_norm: float | None = opt(1.0, "gradient norm clip; null: off", gt=0)
+    max_bad_steps: int = opt(3, "stop after this many steps in a row whose loss or gradient was not finite", min=1)
     loss_agg: str = opt(
         "token-mean", "how per-token losses become one number",
         choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),

@@ -15,6 +15,12 @@ def _name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or repr(fn)
 
 
+class RewardFailed(RunFailed):
+    """The reward function misbehaved before any update of the step: the state is consistent."""
+
+    consistent = True
+
+
 def score(reward_fn: Callable[..., Sequence[float]], rows: Sequence[dict[str, Any]], completions: Sequence[str]) -> Tensor:
     """(N,) float32 rewards for row-aligned `rows` (dicts with 'prompt' and extra columns).
 
@@ -26,15 +32,15 @@ def score(reward_fn: Callable[..., Sequence[float]], rows: Sequence[dict[str, An
     try:
         values = list(reward_fn(prompts, list(completions), **columns))
     except Exception as exc:  # a user's function: report it, never a traceback
-        raise RunFailed(f"Reward function '{_name(reward_fn)}' raised {type(exc).__name__}: {exc}.") from exc
+        raise RewardFailed(f"Reward function '{_name(reward_fn)}' raised {type(exc).__name__}: {exc}.") from exc
     if len(values) != len(completions):
-        raise RunFailed(
+        raise RewardFailed(
             f"Reward function '{_name(reward_fn)}' returned {len(values)} values for {len(completions)} completions."
         )
     try:
         floats = [float(v) for v in values]
     except (TypeError, ValueError):
-        raise RunFailed(f"Reward function '{_name(reward_fn)}' returned a value that is not a number.") from None
+        raise RewardFailed(f"Reward function '{_name(reward_fn)}' returned a value that is not a number.") from None
     if not all(math.isfinite(v) for v in floats):
-        raise RunFailed(f"Reward function '{_name(reward_fn)}' returned NaN or infinity.")
+        raise RewardFailed(f"Reward function '{_name(reward_fn)}' returned NaN or infinity.")
     return torch.tensor(floats, dtype=torch.float32)

@@ -27,7 +27,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..config import Config
 from ..checkpoint import list_checkpoints, load_checkpoint, restore_rng, rng_state, save_checkpoint
-from ..errors import ConfigError, LLMRLError
+from ..errors import ConfigError, LLMRLError, RunFailed
 from ..estimators import EstimatorSpec, get_estimator, import_user_module
 from ..kl_control import KLController
 from ..memory import peak_device_mib, peak_rss_mib, role_costs
@@ -133,6 +133,7 @@ def train_step(s: Session, step: int) -> dict[str, Any]:
         "beta": beta,
         **stats,
         **out.stats,
+        "zero_advantage": bool(adv.numel() == 0 or adv.abs().max() == 0),
         "adv_mean": adv.mean().item() if adv.numel() else 0.0,
         "adv_std": adv.std().item() if adv.numel() > 1 else 0.0,
         "response_len": n_tokens / batch.rows,
@@ -171,21 +172,31 @@ def _restore(s: Session) -> tuple[int, EvalResult | None, float]:
     return state["step"], result, float(state["elapsed_s"])
 
 
+class StopFlag:
+    """Set by the first Ctrl-C or SIGTERM; the loop stops at the next step boundary."""
+
+    requested = False
+
+
 @contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM like Ctrl-C so both end in a checkpoint (main thread only)."""
+def _graceful_stop() -> Iterator[StopFlag]:
+    """First SIGINT/SIGTERM: finish the current step, checkpoint, stop. Second: stop at once."""
+    flag = StopFlag()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield flag
         return
 
     def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
+        if flag.requested:
+            raise KeyboardInterrupt
+        flag.requested = True
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        yield flag
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, h in previous.items():
+            signal.signal(sig, h)
 
 
 def train(config: Config, reporter: Reporter | None = None, overwrite: bool = False, resume: bool = False) -> Run:
@@ -207,8 +218,8 @@ def train(config: Config, reporter: Reporter | None = None, overwrite: bool = Fa
     reporter.evaluated(0, before)
     wall = lambda: elapsed + time.perf_counter() - t0  # noqa: E731
     saved = start
-    step = start
-    with _sigterm_as_interrupt():
+    bad = 0
+    with _graceful_stop() as stop:
         try:
             for step in range(start, config.steps):
                 row = train_step(s, step)
@@ -218,17 +229,31 @@ def train(config: Config, reporter: Reporter | None = None, overwrite: bool = Fa
                     reporter.evaluated(step + 1, result)
                 s.folder.log_metrics(row)
                 reporter.step(row)
-                if config.checkpoint.every and (step + 1) % config.checkpoint.every == 0:
+                bad = bad + 1 if row["skipped_updates"] else 0
+                if bad >= config.update.max_bad_steps:
+                    raise RunFailed(
+                        f"Stopped: {bad} steps in a row had a non-finite loss or gradient (last at step {step + 1}); "
+                        f"the newest good checkpoint is after step {saved}."
+                    )
+                every = config.checkpoint.every
+                if stop.requested or (every and (step + 1) % every == 0):
                     save_checkpoint(s.folder.path, step + 1, s.stack, _state(s, step + 1, before, wall()), config.checkpoint.keep)
                     saved = step + 1
-            step = config.steps
-        except KeyboardInterrupt:
+                if stop.requested and step + 1 < config.steps:
+                    raise KeyboardInterrupt
+        except RunFailed as exc:
+            reporter.stopped()
             done = len(read_run(s.folder.path).metrics)
-            if done > saved:
+            if exc.consistent and done > saved:
                 save_checkpoint(s.folder.path, done, s.stack, _state(s, done, before, wall()), config.checkpoint.keep)
+                saved = done
+            raise RunFailed(f"{exc} Training state after step {saved} is checkpointed; fix the cause and "
+                            f"continue with: llmrl train --resume {s.folder.path}") from None
+        except KeyboardInterrupt:
             reporter.stopped()
             raise LLMRLError(
-                f"Interrupted after step {done}; continue with: llmrl train --resume {s.folder.path}", exit_code=130
+                f"Interrupted; the newest checkpoint is after step {saved}. "
+                f"Continue with: llmrl train --resume {s.folder.path}", exit_code=130
             ) from None
     if saved < config.steps:
         save_checkpoint(s.folder.path, config.steps, s.stack, _state(s, config.steps, before, wall()), config.checkpoint.keep)

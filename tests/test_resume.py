@@ -1,0 +1,82 @@
+"""Nothing lost: a run killed with SIGKILL mid-run and resumed equals an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+ARGS = ["--steps", "8", "--set", "rollout.prompts_per_step=16", "--set", "update.minibatch_size=8",
+        "--set", "eval.size=32", "--set", "eval.every=0", "--set", "checkpoint.every=2",
+        "--set", "lora.r=4", "--set", "lora.alpha=4", "--set", "update.lr_actor=1e-3"]
+
+
+def _cmd(model: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "llmrl", "train", "--model", str(model), "--out", str(out), *ARGS, *extra]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "120"}
+
+
+def _metrics(run: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k != "step_time_s"} for r in rows]
+
+
+def test_kill_9_then_resume_is_bit_identical(warm_tiny_dir: Path, tmp_path: Path) -> None:
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    subprocess.run(_cmd(warm_tiny_dir, full), check=True, env=_env(), capture_output=True)
+
+    proc = subprocess.Popen(_cmd(warm_tiny_dir, killed), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    metrics = killed / "metrics.jsonl"
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 5:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "summary.json").exists()
+
+    resumed = subprocess.run([sys.executable, "-m", "llmrl", "train", "--resume", str(killed)],
+                             env=_env(), capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "Resuming after step 4" in resumed.stdout
+
+    assert _metrics(killed) == _metrics(full)
+    for role in ("actor", "critic"):
+        a = load_file(full / "adapters" / role / "adapter_model.safetensors")
+        b = load_file(killed / "adapters" / role / "adapter_model.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), role
+    s_full = json.loads((full / "summary.json").read_text())
+    s_res = json.loads((killed / "summary.json").read_text())
+    for key in ("eval_accuracy_before", "eval_accuracy_after", "reward_mean_last", "kl_last", "tokens_total"):
+        assert s_full[key] == s_res[key], key
+    assert s_full["reward_mean_last"] is not None and any(r["reward_mean"] > 0 for r in _metrics(full))
+
+
+def test_sigterm_saves_a_checkpoint_and_says_how_to_resume(warm_tiny_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    cmd = _cmd(warm_tiny_dir, out)
+    cmd[cmd.index("checkpoint.every=2")] = "checkpoint.every=100"
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if (out / "metrics.jsonl").exists() and len((out / "metrics.jsonl").read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "Continue with: llmrl train --resume" in err and "Traceback" not in err
+    done = len((out / "metrics.jsonl").read_text().splitlines())
+    assert (out / "checkpoints" / f"step-{done:06d}" / "trainable.safetensors").is_file()
