@@ -16,23 +16,11 @@ from hypothesis import strategies as st
 from llmrl.errors import ConfigError
 from llmrl.estimators import ESTIMATORS, EstimatorInput, EstimatorOutput, get_estimator, register
 
-ATOL = dict(atol=1e-4, rtol=0)
+from .helpers import ATOL, close, m, t
+
 ALL = sorted(ESTIMATORS)
 # Sequence-level, critic-free estimators: one advantage per response (reinforce's G_t varies along t).
 SEQUENCE_LEVEL = [n for n in ALL if ESTIMATORS[n].needs.groups or ESTIMATORS[n].needs.greedy]
-
-
-def close(actual: torch.Tensor, expected) -> None:
-    expected = torch.as_tensor(expected, dtype=actual.dtype)
-    torch.testing.assert_close(actual, expected, **ATOL)
-
-
-def t(rows) -> torch.Tensor:
-    return torch.tensor(rows, dtype=torch.float32)
-
-
-def m(rows) -> torch.Tensor:
-    return torch.tensor(rows, dtype=torch.bool)
 
 
 def run(name: str, **kw) -> EstimatorOutput:

@@ -13,22 +13,9 @@ from llmrl.engine.advantages import shape_rewards
 from llmrl.kl_control import KLController
 from llmrl.losses import AGGREGATIONS, aggregate, entropy_from_logits, kl_penalty, policy_loss, value_loss
 
-ATOL = dict(atol=1e-4, rtol=0)
+from .helpers import ATOL, close, m, t
+
 NAN = math.nan
-
-
-def close(actual, expected) -> None:
-    if isinstance(actual, torch.Tensor):
-        expected = torch.as_tensor(expected, dtype=actual.dtype)
-    torch.testing.assert_close(actual, expected, **ATOL)
-
-
-def t(rows) -> torch.Tensor:
-    return torch.tensor(rows, dtype=torch.float32)
-
-
-def m(rows) -> torch.Tensor:
-    return torch.tensor(rows, dtype=torch.bool)
 
 
 # ---------------------------------------------------------------------------------------------
