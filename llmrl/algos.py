@@ -1,8 +1,8 @@
 """Algorithms: each is an advantage estimator plus the loss/KL defaults of its paper.
 
 `--algo NAME` applies `ALGOS[NAME].preset` on top of the schema defaults and below the recipe and
-the user's overrides, so every preset value stays overridable. Rows per step stay 128 in every
-preset (128 prompts × 1, or 32 prompts × 4 samples) so that algorithms see the same token budget.
+the user's overrides, so every preset value stays overridable. Rows per step stay 512 in every
+preset (512 prompts × 1, or 128 prompts × 4 samples) so that algorithms see the same token budget.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ class Algo:
     preset: dict[str, Any] = field(default_factory=dict)
 
 
-_GROUPS = {"rollout.prompts_per_step": 32, "rollout.num_generations": 4}
-_ONE_UPDATE = {"update.epochs": 1, "update.minibatch_size": 128}
+_GROUPS = {"rollout.prompts_per_step": 128, "rollout.num_generations": 4}
+_ONE_UPDATE = {"update.epochs": 1, "update.minibatch_size": 512}
 
 ALGOS: dict[str, Algo] = {
     a.name: a

@@ -15,7 +15,7 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
         "lora.r": 8,
         "lora.alpha": 8.0,
         "lora.modules_to_save": ["norm"],
-        "update.lr_actor": 3e-4,
+        "update.lr_actor": 1e-3,
     },
 }
 

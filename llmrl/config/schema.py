@@ -41,7 +41,7 @@ class LoraConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    prompts_per_step: int = opt(128, "B: prompts sampled per step", min=1)
+    prompts_per_step: int = opt(512, "B: prompts sampled per step", min=1)
     num_generations: int = opt(1, "G: responses per prompt (rows of a group are contiguous)", min=1)
     max_new_tokens: int = opt(5, "longest response in tokens", min=1)
     temperature: float = opt(1.0, "sampling temperature (the policy is softmax(logits / T))", gt=0)
@@ -74,7 +74,7 @@ class KLConfig:
 @dataclass(frozen=True)
 class UpdateConfig:
     epochs: int = opt(1, "passes over each rollout batch", min=1)
-    minibatch_size: int = opt(64, "rows per optimizer step", min=1)
+    minibatch_size: int = opt(256, "rows per optimizer step", min=1)
     micro_batch_size: int | None = opt(None, "rows per forward/backward (gradient accumulation); default: minibatch", min=1)
     lr_actor: float = opt(2e-3, "AdamW learning rate of the actor adapter", gt=0)
     lr_critic: float = opt(5e-3, "AdamW learning rate of the critic adapter and value head", gt=0)
@@ -111,7 +111,7 @@ class Config:
     algo: str = opt("ppo", "algorithm preset (see `llmrl algos`)")
     task: str = opt("arithmetic", "built-in task providing prompts and a reward")
     seed: int = opt(0, "seed of every random choice in the run", min=0)
-    steps: int = opt(600, "training steps (one rollout batch each)", min=1)
+    steps: int = opt(400, "training steps (one rollout batch each)", min=1)
     out: str | None = opt(None, "run folder; default: runs/<algo>-<task>-<time>")
     threads: int | None = opt(None, "torch CPU threads; default: torch's choice", min=1)
     model: ModelConfig = field(default_factory=ModelConfig)
