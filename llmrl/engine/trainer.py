@@ -13,14 +13,11 @@ The loop never names an algorithm: `setup` reads the estimator's `needs` into a 
 from __future__ import annotations
 
 import random
-import signal
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -40,6 +37,7 @@ from .data import PromptSampler
 from .evaluate import EvalResult, evaluate
 from .reporting import NullReporter, Reporter
 from .rollout import RolloutPlan, rollout
+from .signals import graceful_stop
 from .update import Targets, make_optimizers, update
 
 
@@ -172,33 +170,6 @@ def _restore(s: Session) -> tuple[int, EvalResult | None, float]:
     return state["step"], result, float(state["elapsed_s"])
 
 
-class StopFlag:
-    """Set by the first Ctrl-C or SIGTERM; the loop stops at the next step boundary."""
-
-    requested = False
-
-
-@contextmanager
-def _graceful_stop() -> Iterator[StopFlag]:
-    """First SIGINT/SIGTERM: finish the current step, checkpoint, stop. Second: stop at once."""
-    flag = StopFlag()
-    if threading.current_thread() is not threading.main_thread():
-        yield flag
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        if flag.requested:
-            raise KeyboardInterrupt
-        flag.requested = True
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield flag
-    finally:
-        for sig, h in previous.items():
-            signal.signal(sig, h)
-
-
 def train(config: Config, reporter: Reporter | None = None, overwrite: bool = False, resume: bool = False) -> Run:
     """Run `config` to the end and return the finished run read back from its folder.
 
@@ -219,7 +190,7 @@ def train(config: Config, reporter: Reporter | None = None, overwrite: bool = Fa
     wall = lambda: elapsed + time.perf_counter() - t0  # noqa: E731
     saved = start
     bad = 0
-    with _graceful_stop() as stop:
+    with graceful_stop() as stop:
         try:
             for step in range(start, config.steps):
                 row = train_step(s, step)
