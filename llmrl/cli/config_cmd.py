@@ -18,12 +18,13 @@ from .errors import friendly
 @friendly
 def config(
     algo: Optional[str] = typer.Option(None, "--algo", "-a", help="Show the values this algorithm's preset gives."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Resolve for this model (built-in models bring their own defaults)."),
     recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help="Apply this recipe too."),
     sets: Optional[list[str]] = typer.Option(None, "--set", help="key=value overrides, as for `llmrl train`."),
     as_yaml: bool = typer.Option(False, "--yaml", help="Print the resolved config as YAML (a recipe to start from)."),
 ) -> None:
     """List every setting (dotted key, value, help), resolved for --algo/--recipe/--set."""
-    cfg = load_config(recipe, {"algo": algo}, sets)
+    cfg = load_config(recipe, {"algo": algo, "model.name": model}, sets)
     if as_yaml:
         typer.echo(yaml.safe_dump(to_tree(cfg), sort_keys=False), nl=False)
         return

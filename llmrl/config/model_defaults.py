@@ -16,6 +16,7 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
         "lora.alpha": 8.0,
         "lora.modules_to_save": ["norm"],
         "update.lr_actor": 1e-3,
+        "update.lr_critic": 5e-3,
     },
 }
 
