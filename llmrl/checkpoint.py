@@ -47,11 +47,11 @@ def _fsync_tree(path: Path) -> None:
 def save_checkpoint(root: Path, step: int, stack: Any, state: dict[str, Any], keep: int) -> Path:
     """Write checkpoint `step` under `root/checkpoints` atomically and prune to the newest `keep`."""
     folder = root / "checkpoints"
-    folder.mkdir(exist_ok=True)
     final = folder / f"step-{step:06d}"
     tmp = folder / f".tmp-step-{step:06d}"
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
+        folder.mkdir(exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         save_file(trainable_state(stack), str(tmp / "trainable.safetensors"))
         torch.save(state, tmp / "state.pt")

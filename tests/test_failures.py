@@ -9,7 +9,7 @@ import pytest
 
 from llmrl import load_config, read_run, train
 from llmrl.checkpoint import list_checkpoints
-from llmrl.errors import RunFailed
+from llmrl.errors import LLMRLError, RunFailed
 from llmrl.tasks import TASKS, Task, get_task
 
 SMALL = {"rollout.prompts_per_step": 8, "update.minibatch_size": 8, "eval.size": 8, "eval.every": 0,
@@ -79,3 +79,25 @@ def test_non_finite_steps_stop_the_run(tiny_model_dir: Path, tmp_path: Path, mon
         train(config)
     rows = read_run(tmp_path / "r").metrics
     assert [r["skipped_updates"] > 0 for r in rows] == [True, True]
+
+
+def test_checkpoint_write_failure_is_one_clear_error(tiny_model_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setitem(TASKS, "flaky", lambda: _task_with(_breaking_after(10**6, None)))
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "checkpoints").write_text("a file where the checkpoint folder should go")
+    config = load_config(overrides={"model.name": str(tiny_model_dir), "task": "flaky", "out": str(out), **SMALL},
+                         sets=["checkpoint.every=1"])
+    with pytest.raises(LLMRLError, match=r"Cannot write checkpoint .*step-000001"):
+        train(config)
+
+
+def test_resume_needs_a_run_with_a_checkpoint(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from llmrl.cli import app
+
+    result = CliRunner().invoke(app, ["train", "--resume", str(tmp_path / "nothing")])
+    assert result.exit_code == 2 and "nothing to resume" in result.stderr
+    result = CliRunner().invoke(app, ["train", "--resume", str(tmp_path), "--algo", "grpo"])
+    assert result.exit_code == 2 and "only --steps may be given with it" in result.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,21 @@ def test_existing_run_is_not_overwritten(tiny_model_dir: Path, tmp_path: Path) -
     code, _, stderr = _train(args)
     assert code == 2 and "already holds a run" in stderr
     assert _train([*args, "--overwrite"])[0] == 0
+
+
+def test_prompt_longer_than_context_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # the test model has 64 positions; 60 new tokens plus a 6-character prompt do not fit
+    code, _, stderr = _train(["--model", str(tiny_model_dir), "--out", str(tmp_path / "r"), "--set", "rollout.max_new_tokens=60"])
+    assert code == 2 and "exceeds the model's context of 64 tokens" in stderr and "Traceback" not in stderr
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores permission bits: nothing to refuse")
+def test_unwritable_output_folder(tiny_model_dir: Path, tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        code, _, stderr = _train(["--model", str(tiny_model_dir), "--steps", "1", "--out", str(locked / "run"), *SMALL])
+    finally:
+        locked.chmod(0o700)
+    assert code == 1 and "Cannot write to run folder" in stderr

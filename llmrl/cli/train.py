@@ -35,6 +35,8 @@ def train(
     if resume is not None:
         if any(v is not None for v in (algo, recipe, model, task, seed, out)) or sets or overwrite:
             raise ConfigError("--resume continues a run with its own settings; only --steps may be given with it.")
+        if not (resume / "config.yaml").is_file():
+            raise ConfigError(f"'{resume}' is not a run folder (no config.yaml); nothing to resume.")
         config = load_config(resume / "config.yaml", {"out": str(resume), "steps": steps})
         run_training(config, RichReporter(), resume=True)
         return

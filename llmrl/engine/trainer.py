@@ -87,6 +87,7 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
     base, tokenizer = load_base(config.model, show_progress=reporter.interactive)
     seed_everything(config.seed)
     stack = PolicyStack(base, config.lora, with_critic=spec.needs.critic)
+    check_context(task, tokenizer, base.config, config.rollout.max_new_tokens)
     plan = RolloutPlan(reference=config.kl.beta > 0, critic=spec.needs.critic, greedy=spec.needs.greedy)
     if not resume:
         folder.write_config(config)
@@ -96,6 +97,21 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
         PromptSampler(len(task.train), config.rollout.prompts_per_step, config.seed), folder,
         torch.Generator().manual_seed(config.seed + 1),
     )
+
+
+def check_context(task: Task, tokenizer: PreTrainedTokenizerBase, model_config: Any, max_new_tokens: int) -> None:
+    """Refuse prompts that cannot fit, with the response, in the model's context window."""
+    limit = getattr(model_config.get_text_config(), "max_position_embeddings", None)
+    if not limit:
+        return
+    for split, rows in (("train", task.train), ("eval", task.eval)):
+        lengths = [len(ids) for ids in tokenizer([r["prompt"] for r in rows], add_special_tokens=True).input_ids]
+        for i, n in enumerate(lengths):
+            if n + max_new_tokens > limit:
+                raise ConfigError(
+                    f"Prompt {i} of the {split} split has {n} tokens; with rollout.max_new_tokens={max_new_tokens} "
+                    f"it exceeds the model's context of {limit} tokens."
+                )
 
 
 def run_eval(s: Session) -> EvalResult | None:
