@@ -22,7 +22,9 @@ class Algo:
 
 
 _GROUPS = {"rollout.prompts_per_step": 128, "rollout.num_generations": 4}
-_ONE_UPDATE = {"update.epochs": 1, "update.minibatch_size": 512}
+# One pass over each batch in two minibatches (the second is slightly off-policy; the clipped ratio
+# covers it). A single 512-row step per batch left rloo at +2 points on the built-in task, two gave +11.6.
+_ONE_UPDATE = {"update.epochs": 1}
 
 ALGOS: dict[str, Algo] = {
     a.name: a
