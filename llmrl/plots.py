@@ -18,6 +18,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
 from .errors import ConfigError
 from .run_folder import Run
@@ -152,10 +153,11 @@ def draw_accuracy(groups: dict[str, list[Run]], path: Path) -> Path:
             vals = [r.summary[key] for r in groups[algo] if r.summary and r.summary.get(key) is not None]
             means.append(float(np.mean(vals)) if vals else np.nan)
             stds.append(float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0)
-        ax.bar(x + offset, means, 0.4, yerr=stds, capsize=4, label=label, alpha=alpha,
-               color=[f"C{i % 10}" for i in range(len(names))])
+        bars = ax.bar(x + offset, means, 0.4, yerr=stds, capsize=4, alpha=alpha,
+                      color=[f"C{i % 10}" for i in range(len(names))])
+        ax.bar_label(bars, labels=["" if np.isnan(m) else f"{100 * m:.1f}" for m in means], fontsize=7, padding=2)
     ax.set_xticks(x, names)
-    ax.legend(fontsize=8)
+    ax.legend(handles=[Patch(facecolor="grey", alpha=0.45, label="before"), Patch(facecolor="grey", label="after")], fontsize=8)
     return _save(fig, path)
 
 

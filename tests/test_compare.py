@@ -94,7 +94,7 @@ def test_compare_writes_every_file(done: tuple[Path, list[str], str]) -> None:
     report = (out / "report.md").read_text()
     assert all(f"]({p})" in report for p in PLOTS) and "| `grpo` |" in report
     assert "What differs between the algorithms" in stdout and "estimator.name" in stdout
-    assert "Outcome (mean ± std over 2 seeds)" in stdout and "seed 0: same over 8 prompts" in stdout
+    assert "Outcome (mean ± std over 2 seeds)" in stdout and "seed 0: identical over the first 8 prompts" in stdout
 
 
 def test_runs_of_a_seed_read_identical_prompts(done: tuple[Path, list[str], str]) -> None:
@@ -251,3 +251,10 @@ def test_recording_gradients_changes_no_weight(tiny_model_dir: Path, tmp_path: P
         params.append({n: p.detach().clone() for n, p in session.stack.named_parameters()})
     assert params[0].keys() == params[1].keys()
     assert all(torch.equal(params[0][n], params[1][n]) for n in params[0])
+
+
+def test_plot_of_a_compare_folder_draws_all_its_runs(done: tuple[Path, list[str], str], tmp_path: Path) -> None:
+    out, _, _ = done
+    result = CliRunner().invoke(app, ["plot", str(out), "--out", str(tmp_path / "all.png")])
+    assert result.exit_code == 0, result.stderr
+    assert (tmp_path / "all.png").read_bytes().startswith(PNG)

@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from ..compare.plan import Plan, RunSpec
-from ..compare.report import COST, OUTCOME, VARIANCE, cell, columns
+from ..compare.report import COST, OUTCOME, VARIANCE, cell, columns, prompt_verdict
 from ..config import Config
 from ..engine.evaluate import EvalResult
 from ..memory import RoleCost
@@ -137,8 +137,7 @@ def print_results(console: Console, summary: dict[str, Any], out: Path) -> None:
     console.print(_table("Cost", COST, summary))
     console.print(_table("Variance (advantages; actor minibatch gradients g_m, pre-clip)", VARIANCE, summary))
     check = summary["prompts"]
-    verdicts = ", ".join(f"seed {s}: {'same' if v['identical'] else 'NOT the same' if v['identical'] is False else 'unchecked'} "
-                         f"over {v['checked']:,} prompts" for s, v in check["seeds"].items())
-    console.print(f"Prompt order across algorithms — {verdicts}.")
+    verdicts = "; ".join(f"seed {s}: {prompt_verdict(v)}" for s, v in check["seeds"].items())
+    console.print(f"Prompts read by the algorithms — {verdicts}.")
     console.print(f"Wall time of all runs: {summary['wall_time_s']:.0f} s. "
                   f"Files: [bold]{out}[/]/summary.json, report.md, {', '.join(summary['plots'].values())}")

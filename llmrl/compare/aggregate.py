@@ -108,4 +108,5 @@ def check_prompts(plan: Plan, runs: dict[str, Run]) -> dict[str, Any]:
         same = all(len({m[c] for m in marks}) == 1 for c in common)  # type: ignore[index]
         seeds[str(seed)] = {"identical": same if common else None, "checked": max(common, default=0)}
     verdicts = [v["identical"] for v in seeds.values()]
-    return {"identical": all(v is True for v in verdicts), "seeds": seeds}
+    overall = False if False in verdicts else True if all(v is True for v in verdicts) else None
+    return {"identical": overall, "seeds": seeds}

@@ -38,13 +38,13 @@ COST: list[tuple[str, str, str, Fmt]] = [
     ("tokens_per_s", "gen. tokens / s", "", lambda x: f"{x:,.0f}"),
     ("peak_rss_mib", "peak RSS MiB", "", lambda x: f"{x:,.0f}"),
     ("peak_device_mib", "peak GPU MiB", "", lambda x: f"{x:,.0f}"),
+    ("prompts_seen", "prompts seen", "", lambda x: f"{x:,.0f}"),
 ]
 VARIANCE: list[tuple[str, str, str, Fmt]] = [
     ("adv_std", "advantage std", "", _g),
     ("grad_norm_var", "Var ‖g_m‖", "", _g),
     ("grad_var", "tr Cov g", "", _g),
     ("grad_rel_var", "tr Cov g / ‖ḡ‖²", "", _g),
-    ("prompts_seen", "prompts seen", "", lambda x: f"{x:,.0f}"),
 ]
 
 
@@ -83,6 +83,14 @@ def summarize(plan: Plan, runs: dict[str, Run], plots: dict[str, Path], wall_s: 
     }
 
 
+def prompt_verdict(seed: dict[str, Any]) -> str:
+    """'identical over the first 8 prompts', 'DIFFERENT …' or why it could not be checked."""
+    if seed["identical"] is None:
+        return "not checked (no prompt count ends a step in every run yet, or digests were not logged)"
+    word = "identical" if seed["identical"] else "DIFFERENT"
+    return f"{word} over the first {seed['checked']:,} prompts"
+
+
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -103,9 +111,7 @@ def markdown(summary: dict[str, Any], command: str) -> str:
     diff = summary["differences"]
     diff_rows = [[f"`{k}`", *(f"`{v[a]!r}`" for a in p["algos"])] for k, v in diff.items()]
     check = summary["prompts"]
-    verdict = {True: "identical", False: "**different**", None: "not checkable"}
-    prompt_lines = [f"- seed {s}: {verdict[v['identical']]} over the first {v['checked']:,} prompts"
-                    for s, v in check["seeds"].items()]
+    prompt_lines = [f"- seed {s}: {prompt_verdict(v)}" for s, v in check["seeds"].items()]
     parts = [
         f"# llmrl compare: {', '.join(p['algos'])}",
         "",
