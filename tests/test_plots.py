@@ -86,3 +86,12 @@ def test_accuracy_points_and_wall_clock() -> None:
     np.testing.assert_array_equal(x, [0.0, 2.0, 3.0])
     np.testing.assert_allclose(y, [0.1, 0.4, 0.7], atol=1e-12, rtol=0)
     np.testing.assert_allclose(wall_clock(run), [0.5, 1.5, 1.75], atol=1e-12, rtol=0)
+
+
+def test_plot_of_a_run_without_steps_is_refused(tmp_path: Path) -> None:
+    run = tmp_path / "fresh"
+    run.mkdir()
+    (run / "config.yaml").write_text("algo: ppo\n")
+    result = CliRunner().invoke(app, ["plot", str(run)])
+    assert result.exit_code == 2 and f"'{run}' has no logged steps yet; nothing to plot." in result.stderr
+    assert not (run / "curves.png").exists()

@@ -14,6 +14,7 @@ from ..compare.report import COST, OUTCOME, VARIANCE, cell, columns, prompt_verd
 from ..config import Config
 from ..engine.evaluate import EvalResult
 from ..memory import RoleCost
+from ..run_folder import read_run
 
 
 def differences_table(plan: Plan) -> Table:
@@ -63,6 +64,12 @@ class CompareDisplay:
         line = RunLine(self, spec, self.tasks[spec.name])
         if state == "done":
             line.mark(spec.config.steps, "reused")
+            summary = read_run(spec.config.out or "").summary or {}
+            line.accuracy = summary.get("eval_accuracy_after")
+            if summary.get("reward_mean_last") is not None:
+                line.rewards = [summary["reward_mean_last"]]
+            line.kl = summary.get("kl_last")
+            line._stats()
         return line
 
 
@@ -104,7 +111,8 @@ class RunLine:
     def _stats(self) -> None:
         parts = []
         if self.rewards:
-            parts.append(f"reward {self.rewards[-1]:.3f} (mean {sum(self.rewards) / len(self.rewards):.3f})")
+            mean = f" (mean {sum(self.rewards) / len(self.rewards):.3f})" if len(self.rewards) > 1 else ""
+            parts.append(f"reward {self.rewards[-1]:.3f}{mean}")
         if self.kl is not None:
             parts.append(f"KL {self.kl:.3f}")
         if self.accuracy is not None:
