@@ -46,7 +46,7 @@ def plan_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 def prepare(out: Path, plan: Plan, overwrite: bool = False) -> None:
     """Make `out` hold this plan: create it, accept the same plan, or refuse/replace another one."""
     record = out / PLAN_FILE
-    new = plan.fingerprint()
+    new = json.loads(json.dumps(plan.fingerprint(), default=str))  # as it reads back from the file
     if record.is_file():
         old = json.loads(record.read_text())
         if old != new:
@@ -61,7 +61,7 @@ def prepare(out: Path, plan: Plan, overwrite: bool = False) -> None:
         raise LLMRLError(f"'{out}' exists and is not a compare folder (no {PLAN_FILE}); choose another --out.")
     try:
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write(record, json.dumps(new, indent=2, default=str) + "\n")
+        atomic_write(record, json.dumps(new, indent=2) + "\n")
     except OSError as exc:
         raise LLMRLError(f"Cannot write to compare folder '{out}': {exc.strerror}.", exit_code=1) from None
 
