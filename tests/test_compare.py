@@ -258,3 +258,28 @@ def test_plot_of_a_compare_folder_draws_all_its_runs(done: tuple[Path, list[str]
     result = CliRunner().invoke(app, ["plot", str(out), "--out", str(tmp_path / "all.png")])
     assert result.exit_code == 0, result.stderr
     assert (tmp_path / "all.png").read_bytes().startswith(PNG)
+
+
+def test_a_failed_run_stops_the_compare_and_a_rerun_resumes_it(tiny_model_dir: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = {"n": 0, "fail_at": 3}  # call 1: evaluation before; 2: step 1; 3: step 2
+
+    def flaky(prompts: list[str], completions: list[str], answer: list[str]) -> list[float]:
+        calls["n"] += 1
+        if calls["n"] == calls["fail_at"]:
+            raise ZeroDivisionError("boom")
+        return _digit_share(prompts, completions, answer)
+
+    base = get_task("arithmetic")
+    monkeypatch.setitem(TASKS, "flaky", lambda: Task("flaky", base.train, base.eval, flaky))
+    args = ["--algos", "reinforce", "--steps", "2", "--out", str(tmp_path / "c"), *_small(tiny_model_dir),
+            "--set", "task=flaky", "--set", "eval.every=0"]
+    code, _, stderr = _compare(*args)
+    assert code == 1
+    assert stderr.startswith("error: reinforce-seed0: Reward function")
+    assert "raised ZeroDivisionError: boom." in stderr and stderr.strip().endswith("Rerun the same llmrl compare command to continue.")
+    assert len(stderr.strip().splitlines()) == 1
+    code, stdout, stderr = _compare(*args)
+    assert code == 0, stderr
+    assert "reinforce-seed0: resuming" in stdout
+    assert [r["step"] for r in read_run(tmp_path / "c" / "reinforce-seed0").metrics] == [1, 2]
