@@ -122,11 +122,11 @@ def _mean_band(curves: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 def _group_lines(ax: Axes, groups: dict[str, list[Run]], key: str, x_of) -> None:
     for i, (algo, runs) in enumerate(groups.items()):
-        pairs = [(x_of(r), smooth(series(r, key)[1])) for r in runs if len(series(r, key)[1])]
+        pairs = [(x_of(r), smooth(y)) for r in runs if len(y := series(r, key)[1])]
         if not pairs:
             continue
-        mean, std = _mean_band([p[1] for p in pairs])
-        x = _mean_band([p[0] for p in pairs])[0][: len(mean)]
+        mean, std = _mean_band([y for _, y in pairs])
+        x = _mean_band([x for x, _ in pairs])[0][: len(mean)]  # seeds' x averaged (wall time differs)
         mean, std = mean[: len(x)], std[: len(x)]
         ax.plot(x, mean, color=f"C{i % 10}", label=f"{algo} (n={len(pairs)})")
         ax.fill_between(x, mean - std, mean + std, color=f"C{i % 10}", alpha=0.2, lw=0)

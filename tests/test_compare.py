@@ -94,6 +94,7 @@ def test_compare_writes_every_file(done: tuple[Path, list[str], str]) -> None:
     report = (out / "report.md").read_text()
     assert all(f"]({p})" in report for p in PLOTS) and "| `grpo` |" in report
     assert "What differs between the algorithms" in stdout and "estimator.name" in stdout
+    assert all(f"{n}" in stdout for n in ("ppo-seed0", "grpo-seed1")) and "done" in stdout  # the live view's lines
     assert "Outcome (mean ± std over 2 seeds)" in stdout and "seed 0: identical over the first 8 prompts" in stdout
 
 

@@ -34,7 +34,10 @@ def compare(
     seed_list = parse_seeds(seeds)
     plan = build_plan(names, seed_list, out, steps=steps, recipe=recipe, sets=sets, match=match)
     console = Console()
-    console.print(differences_table(plan))
+    if plan.differences():
+        console.print(differences_table(plan))
+    else:
+        console.print("One algorithm: its runs differ only in 'seed'.")
     console.print(budget_line(plan))
     command = shlex.join(["llmrl", "compare", *sys.argv[2:]]) if sys.argv[1:2] == ["compare"] else "llmrl compare"
     with CompareDisplay(plan, console) as display:
