@@ -168,14 +168,17 @@ def test_a_compare_run_equals_a_plain_train_run(done: tuple[Path, list[str], str
 
 def test_a_different_plan_is_refused_unless_overwrite(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "c"
-    base = ["--algos", "reinforce", "--out", str(out), *_small(tiny_model_dir)]
+    base = ["--algos", "reinforce", "--out", str(out), "--model", str(tiny_model_dir), "--task", "digits",
+            *_small(tiny_model_dir)[4:]]  # the flags instead of --set model.name/task
     assert _compare(*base, "--steps", "1")[0] == 0
     code, _, stderr = _compare(*base, "--steps", "2")
     assert code == 2 and "holds a compare with a different plan (steps: 1 → 2)" in stderr
     assert len(stderr.strip().splitlines()) == 1
     code, _, stderr = _compare(*base, "--steps", "2", "--overwrite")
     assert code == 0, stderr
-    assert read_run(out / "reinforce-seed0").summary["steps"] == 2
+    run = read_run(out / "reinforce-seed0")
+    assert run.summary["steps"] == 2 and run.config["task"] == "digits"
+    assert run.config["model"]["name"] == str(tiny_model_dir)
 
 
 @pytest.mark.parametrize(

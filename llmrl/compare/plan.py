@@ -102,30 +102,36 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def _sizes_from(algos: list[str], recipe: Path | None, sets: list[str]) -> dict[str, int]:
+def _sizes_from(algos: list[str], recipe: Path | None, sets: list[str], common: dict[str, Any]) -> dict[str, int]:
     """B and G of the first algorithm that samples groups (else the first), as `match=prompts` uses."""
-    configs = [load_config(recipe, {"algo": a}, sets) for a in algos]
+    configs = [load_config(recipe, {**common, "algo": a}, sets) for a in algos]
     chosen = next((c for c in configs if resolve_estimator(c).needs.groups), configs[0])
     return {"rollout.prompts_per_step": chosen.rollout.prompts_per_step,
             "rollout.num_generations": chosen.rollout.num_generations}
 
 
 def build_plan(algos: list[str], seeds: list[int], out: Path, steps: int | None = None,
-               recipe: Path | None = None, sets: list[str] | None = None, match: str = "rows") -> Plan:
-    """Resolve and validate every run's config before anything trains."""
+               recipe: Path | None = None, sets: list[str] | None = None, match: str = "rows",
+               overrides: dict[str, Any] | None = None) -> Plan:
+    """Resolve and validate every run's config before anything trains.
+
+    `overrides` are typed values for every run (e.g. {'model.name': …, 'task': …}); `sets` win over them.
+    """
     sets = list(sets or [])
+    common = {k: v for k, v in (overrides or {}).items() if v is not None}
     if match not in MATCHES:
         raise ConfigError(f"--match must be one of {', '.join(MATCHES)}; got '{match}'.")
     for item in sets:
         key = parse_override(item)[0]
         if key in RESERVED:
             raise ConfigError(f"compare sets '{key}' for each run itself; use {RESERVED[key]} instead of --set {key}=….")
-    sizes = _sizes_from(algos, recipe, sets) if match == "prompts" else {}
+    sizes = _sizes_from(algos, recipe, sets, common) if match == "prompts" else {}
     runs = []
     for algo in algos:
         for seed in seeds:
             name = f"{algo}-seed{seed}"
-            config = load_config(recipe, {"algo": algo, "seed": seed, "steps": steps, "out": str(out / name), **sizes}, sets)
+            own = {"algo": algo, "seed": seed, "steps": steps, "out": str(out / name)}
+            config = load_config(recipe, {**common, **own, **sizes}, sets)
             resolve_estimator(config)
             runs.append(RunSpec(name, algo, seed, config))
     plan = Plan(tuple(algos), tuple(seeds), match, tuple(runs))
