@@ -239,6 +239,9 @@ def test_grad_moments_by_hand() -> None:
     assert torch.equal(a.grad, torch.tensor([1.0]))  # read, never written
     one = GradMoments()
     one.add([a, b])
+    _grad(a, [float("inf")])
+    one.add([a, b])  # a non-finite gradient (a skipped step) is not counted
+    assert one.count == 1
     assert one.stats("actor") == dict.fromkeys(stats)
 
 

@@ -33,15 +33,17 @@ class GradMoments:
         self.sum_grad: dict[int, torch.Tensor] = {}
 
     def add(self, params: list[torch.Parameter]) -> None:
-        """Record the current `.grad` of `params` (call before clipping; reads, never writes)."""
-        sq = 0.0
-        for p in params:
-            g = p.grad.detach().double()
-            sq += float(g.pow(2).sum())
-            if id(p) in self.sum_grad:
-                self.sum_grad[id(p)] += g
+        """Record the current `.grad` of `params` (call before clipping; reads, never writes).
+        A non-finite gradient (its step is skipped by the update) is not recorded."""
+        grads = [(id(p), p.grad.detach().double()) for p in params if p.grad is not None]
+        sq = sum(float(g.pow(2).sum()) for _, g in grads)
+        if not math.isfinite(sq):
+            return
+        for key, g in grads:
+            if key in self.sum_grad:
+                self.sum_grad[key] += g
             else:
-                self.sum_grad[id(p)] = g.clone()
+                self.sum_grad[key] = g.clone()
         self.count += 1
         self.sum_norm += math.sqrt(sq)
         self.sum_sq += sq
