@@ -43,8 +43,39 @@ def role_costs(stack: PolicyStack) -> list[RoleCost]:
     return rows
 
 
+def _vm_hwm_kib() -> int | None:
+    """VmHWM (peak RSS since start or since the last `reset_peak_memory`) from /proc, in KiB."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def reset_peak_memory() -> None:
+    """Start a new peak: Linux's VmHWM (via /proc/self/clear_refs) and torch's CUDA peak.
+
+    `llmrl compare` calls this before each run so that one process reports each run's own peak
+    (memory the allocator kept from an earlier run still counts). Elsewhere a no-op.
+    """
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
 def peak_rss_mib() -> float:
-    """Peak resident set size of this process in MiB (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    """Peak resident set size of this process in MiB: VmHWM on Linux (resettable), else ru_maxrss
+    (KiB on Linux, bytes on macOS)."""
+    hwm = _vm_hwm_kib()
+    if hwm is not None:
+        return hwm / 1024
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 

@@ -8,7 +8,9 @@ import typer
 from transformers.utils import logging as hf_logging
 
 from .algos_cmd import advantages, algos
+from .compare_cmd import compare
 from .config_cmd import config
+from .plot_cmd import plot
 from .train import train
 
 warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*")
@@ -25,6 +27,8 @@ app.command()(train)
 app.command()(config)
 app.command()(algos)
 app.command()(advantages)
+app.command()(compare)
+app.command()(plot)
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 import time
+import warnings
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -33,7 +34,7 @@ from ..models.stack import PolicyStack
 from ..run_folder import RunFolder, read_run, Run
 from ..tasks import Task, get_task
 from .advantages import estimate, sequence_kl, shape_rewards
-from .data import PromptSampler
+from .data import PromptSampler, stream_digest
 from .evaluate import EvalResult, evaluate
 from .reporting import NullReporter, Reporter
 from .rollout import RolloutPlan, rollout
@@ -152,6 +153,8 @@ def train_step(s: Session, step: int) -> dict[str, Any]:
         "adv_std": adv.std().item() if adv.numel() > 1 else 0.0,
         "response_len": n_tokens / batch.rows,
         "tokens": n_tokens,
+        "prompts_seen": (step + 1) * cfg.rollout.prompts_per_step,
+        "prompt_digest": f"{stream_digest(step * cfg.rollout.prompts_per_step, index):016x}",
         "step_time_s": time.perf_counter() - started,
     }
 
@@ -250,8 +253,20 @@ def train(config: Config, reporter: Reporter | None = None, overwrite: bool = Fa
     history = read_run(s.folder.path).metrics
     summary = summarize(config, history, before, after, wall(), s.folder.path)
     s.folder.write_summary(summary)
+    draw_curves(s.folder.path)
     reporter.end(summary)
     return read_run(s.folder.path)
+
+
+def draw_curves(path: Path) -> None:
+    """RUN/curves.png: reward, KL and held-out accuracy vs step. A plotting failure never fails a
+    finished run: it becomes a warning (`llmrl plot RUN` can draw it again)."""
+    try:
+        from ..plots import draw_runs  # late: matplotlib is only needed at the end
+
+        draw_runs([read_run(path)], path / "curves.png")
+    except Exception as exc:  # noqa: BLE001
+        warnings.warn(f"could not draw {path / 'curves.png'}: {exc}", stacklevel=2)
 
 
 def summarize(config: Config, history: list[dict[str, Any]], before: EvalResult | None,

@@ -17,6 +17,7 @@ from ..batch import RolloutBatch
 from ..config.schema import KLConfig, UpdateConfig
 from ..losses import aggregate, entropy_from_logits, kl_penalty, policy_loss, value_loss
 from ..models.stack import PolicyStack, layout, token_logprobs
+from .grad_stats import GradMoments
 
 
 @dataclass
@@ -67,8 +68,10 @@ def _critic_loss(stack: PolicyStack, mb: RolloutBatch, returns: Tensor, cfg: Upd
 
 
 def _pass(role: str, stack: PolicyStack, opt: torch.optim.Optimizer, batch: RolloutBatch, rows: Tensor,
-          target: Tensor, cfg: UpdateConfig, loss_fn) -> dict[str, float]:
-    """Accumulate gradients over micro-batches of `rows`, then one clipped optimizer step."""
+          target: Tensor, cfg: UpdateConfig, loss_fn, moments: GradMoments | None = None) -> dict[str, float]:
+    """Accumulate gradients over micro-batches of `rows`, then one clipped optimizer step.
+
+    `moments`, when given, records the finite pre-clip gradient (see grad_stats.py)."""
     opt.zero_grad(set_to_none=True)
     totals = {"total_tokens": float(batch.response_mask[rows].sum().clamp(min=1)), "total_seqs": float(len(rows))}
     stats: dict[str, float] = defaultdict(float)
@@ -82,6 +85,8 @@ def _pass(role: str, stack: PolicyStack, opt: torch.optim.Optimizer, batch: Roll
             for k, v in s.items():
                 stats[k] += v * len(micro) / len(rows)
         params = [p for p in stack.parameters_of(role) if p.grad is not None]
+        if moments is not None and finite and params:
+            moments.add(params)
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.tensor(0.0)
         finite &= bool(torch.isfinite(norm))
@@ -95,18 +100,20 @@ def _pass(role: str, stack: PolicyStack, opt: torch.optim.Optimizer, batch: Roll
 
 def update(stack: PolicyStack, opts: dict[str, torch.optim.Optimizer], batch: RolloutBatch, targets: Targets,
            cfg: UpdateConfig, kl: KLConfig, beta: float, temperature: float, generator: torch.Generator) -> dict[str, float]:
-    """Fit the actor (and critic) to one rollout batch; returns minibatch-averaged statistics."""
+    """Fit the actor (and critic) to one rollout batch; returns minibatch-averaged statistics
+    plus the actor's gradient noise across minibatches (grad_stats.py)."""
     history: dict[str, list[float]] = defaultdict(list)
+    moments = GradMoments()
     actor_fn = lambda mb, adv, totals: _actor_loss(stack, mb, adv, cfg, kl, beta, temperature, totals)  # noqa: E731
     critic_fn = lambda mb, ret, totals: _critic_loss(stack, mb, ret, cfg, totals)  # noqa: E731
     for _ in range(cfg.epochs):
         order = torch.randperm(batch.rows, generator=generator).to(batch.response_ids.device)
         for rows in order.split(cfg.minibatch_size):
-            for k, v in _pass("actor", stack, opts["actor"], batch, rows, targets.advantages, cfg, actor_fn).items():
+            for k, v in _pass("actor", stack, opts["actor"], batch, rows, targets.advantages, cfg, actor_fn, moments).items():
                 history[k].append(v)
             if "critic" in opts and targets.returns is not None:
                 for k, v in _pass("critic", stack, opts["critic"], batch, rows, targets.returns, cfg, critic_fn).items():
                     history[k].append(v)
     stats = {k: sum(v) / len(v) for k, v in history.items() if not k.endswith("_skipped")}
     stats["skipped_updates"] = sum(sum(v) for k, v in history.items() if k.endswith("_skipped"))
-    return stats
+    return {**stats, **moments.stats("actor")}
