@@ -9,6 +9,7 @@ from transformers.utils import logging as hf_logging
 
 from .algos_cmd import advantages, algos
 from .config_cmd import config
+from .export_cmd import export
 from .train import train
 
 warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*")
@@ -25,6 +26,7 @@ app.command()(train)
 app.command()(config)
 app.command()(algos)
 app.command()(advantages)
+app.command()(export)
 
 
 def main() -> None:
