@@ -9,6 +9,7 @@ from transformers.utils import logging as hf_logging
 
 from .algos_cmd import advantages, algos
 from .config_cmd import config
+from .eval_cmd import eval
 from .export_cmd import export
 from .train import train
 
@@ -27,6 +28,7 @@ app.command()(config)
 app.command()(algos)
 app.command()(advantages)
 app.command()(export)
+app.command(name="eval")(eval)
 
 
 def main() -> None:
