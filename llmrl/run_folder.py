@@ -69,13 +69,15 @@ class RunFolder:
         return cls(path)
 
     def truncate_metrics(self, steps: int) -> None:
-        """Keep the first `steps` rows of metrics.jsonl (rows logged after the checkpoint are redone)."""
-        f = self.path / "metrics.jsonl"
-        if not f.exists():
-            return
-        rows = [line for line in f.read_text().splitlines() if line.strip()]
-        kept = [line for line in rows if json.loads(line).get("step", 0) <= steps]
-        atomic_write(f, "".join(line + "\n" for line in kept))
+        """Keep the rows of the first `steps` steps in metrics.jsonl and completions.jsonl (rows
+        logged after the checkpoint are redone)."""
+        for name in ("metrics.jsonl", "completions.jsonl"):
+            f = self.path / name
+            if not f.exists():
+                continue
+            rows = [line for line in f.read_text().splitlines() if line.strip()]
+            kept = [line for line in rows if json.loads(line).get("step", 0) <= steps]
+            atomic_write(f, "".join(line + "\n" for line in kept))
 
     def write_config(self, config: Config) -> None:
         atomic_write(self.path / MARKER, yaml.safe_dump(to_tree(config), sort_keys=False))
@@ -83,6 +85,11 @@ class RunFolder:
     def log_metrics(self, row: dict[str, Any]) -> None:
         with open(self.path / "metrics.jsonl", "a") as fh:
             fh.write(json.dumps(row) + "\n")
+
+    def log_completions(self, rows: list[dict[str, Any]]) -> None:
+        """Append sampled {step, prompt, completion, reward, …} rows to completions.jsonl."""
+        with open(self.path / "completions.jsonl", "a") as fh:
+            fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write(self.path / "summary.json", json.dumps(summary, indent=2) + "\n")

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -33,11 +34,13 @@ from ..models.stack import PolicyStack
 from ..run_folder import RunFolder, read_run, Run
 from ..tasks import Task, get_task
 from .advantages import estimate, sequence_kl, shape_rewards
+from .completions import due, sample_rows
 from .data import PromptSampler
 from .evaluate import EvalResult, evaluate
 from .reporting import NullReporter, Reporter
 from .rollout import RolloutPlan, rollout
 from .signals import graceful_stop
+from .trackers import check_available, open_trackers
 from .update import Targets, make_optimizers, update
 
 
@@ -56,6 +59,7 @@ class Session:
     sampler: PromptSampler
     folder: RunFolder
     generator: torch.Generator
+    samples: list[dict[str, Any]] = field(default_factory=list)  # completions sampled by the last step
 
 
 def default_out(config: Config) -> Path:
@@ -128,8 +132,10 @@ def train_step(s: Session, step: int) -> dict[str, Any]:
     cfg = s.config
     index = s.sampler.indices(step)
     rows = [s.task.train[i] for i in index.tolist()]
-    batch, _ = rollout(s.stack, s.tokenizer, rows, index, cfg=cfg.rollout, plan=s.plan,
-                       reward_fn=s.task.reward, seed=cfg.seed, step=step)
+    batch, completions = rollout(s.stack, s.tokenizer, rows, index, cfg=cfg.rollout, plan=s.plan,
+                                 reward_fn=s.task.reward, seed=cfg.seed, step=step)
+    s.samples = (sample_rows(step + 1, rows, completions, batch.scores, batch.group_size, cfg.log.completions_rows)
+                 if due(step + 1, cfg.log.completions_every) else [])
     beta = s.kl.beta
     out = estimate(s.spec, batch, shape_rewards(batch, beta, cfg.kl), cfg.estimator)
     stats = update(s.stack, s.opts, batch, Targets(out.advantages, out.returns), cfg.update, cfg.kl,
@@ -194,6 +200,7 @@ def train(config: Config, reporter: Reporter | None = None, overwrite: bool = Fa
     """
     reporter = reporter or NullReporter()
     t0 = time.perf_counter()
+    check_available(config.log.report_to)
     s = setup(config, reporter, overwrite, resume)
     start, elapsed = 0, 0.0
     reporter.start(config, role_costs(s.stack), s.folder.path)
@@ -203,10 +210,13 @@ def train(config: Config, reporter: Reporter | None = None, overwrite: bool = Fa
     else:
         before = run_eval(s)
     reporter.evaluated(0, before)
+    trackers = open_trackers(config, s.folder.path, start)
+    if before is not None and not resume:
+        trackers.log(_eval_scalars(before), step=0)
     wall = lambda: elapsed + time.perf_counter() - t0  # noqa: E731
     saved = start
     bad = 0
-    with graceful_stop() as stop:
+    with graceful_stop() as stop, _close_on_error(trackers):
         try:
             for step in range(start, config.steps):
                 row = train_step(s, step)
@@ -215,6 +225,8 @@ def train(config: Config, reporter: Reporter | None = None, overwrite: bool = Fa
                     row["eval_accuracy"] = result.accuracy if result else None
                     reporter.evaluated(step + 1, result)
                 s.folder.log_metrics(row)
+                trackers.log(row)
+                _log_samples(s, reporter)
                 reporter.step(row)
                 bad = bad + 1 if row["skipped_updates"] else 0
                 if bad >= config.update.max_bad_steps:
@@ -246,12 +258,38 @@ def train(config: Config, reporter: Reporter | None = None, overwrite: bool = Fa
         save_checkpoint(s.folder.path, config.steps, s.stack, _state(s, config.steps, before, wall()), config.checkpoint.keep)
     after = run_eval(s)
     reporter.evaluated(config.steps, after)
+    if after is not None:
+        trackers.log(_eval_scalars(after), step=config.steps)
     s.folder.save_models(s.stack)
     history = read_run(s.folder.path).metrics
     summary = summarize(config, history, before, after, wall(), s.folder.path)
     s.folder.write_summary(summary)
+    trackers.close()
     reporter.end(summary)
     return read_run(s.folder.path)
+
+
+def _eval_scalars(result: EvalResult) -> dict[str, Any]:
+    return {"eval_accuracy": result.accuracy, "eval_reward": result.reward_mean}
+
+
+def _log_samples(s: Session, reporter: Reporter) -> None:
+    """The step's sampled completions → completions.jsonl, and to the reporter when it shows them."""
+    if s.samples:
+        s.folder.log_completions(s.samples)
+        show = getattr(reporter, "completions", None)
+        if show is not None:
+            show(s.samples)
+
+
+@contextmanager
+def _close_on_error(trackers: Any) -> Iterator[None]:
+    """Close the trackers when the loop stops with an error; a finished run closes them at its end."""
+    try:
+        yield
+    except BaseException:
+        trackers.close()
+        raise
 
 
 def summarize(config: Config, history: list[dict[str, Any]], before: EvalResult | None,
