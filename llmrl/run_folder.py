@@ -18,7 +18,7 @@ import yaml
 from safetensors.torch import save_file
 
 from .config import Config, to_tree
-from .errors import LLMRLError
+from .errors import LLMRLError, RunFailed
 from .models.stack import PolicyStack
 
 MARKER = "config.yaml"
@@ -37,6 +37,14 @@ def atomic_write(path: Path, data: str | bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _step_of(line: str) -> float:
+    """The 'step' of a JSON log line; a line cut short by a crash or a full disk counts as never logged."""
+    try:
+        return json.loads(line).get("step", 0)
+    except json.JSONDecodeError:
+        return float("inf")
 
 
 class RunFolder:
@@ -76,20 +84,26 @@ class RunFolder:
             if not f.exists():
                 continue
             rows = [line for line in f.read_text().splitlines() if line.strip()]
-            kept = [line for line in rows if json.loads(line).get("step", 0) <= steps]
+            kept = [line for line in rows if _step_of(line) <= steps]
             atomic_write(f, "".join(line + "\n" for line in kept))
 
     def write_config(self, config: Config) -> None:
         atomic_write(self.path / MARKER, yaml.safe_dump(to_tree(config), sort_keys=False))
 
+    def _append(self, name: str, lines: list[str]) -> None:
+        """Append lines to a log file; a write that fails (disk full, …) stops the run cleanly."""
+        try:
+            with open(self.path / name, "a") as fh:
+                fh.writelines(lines)
+        except OSError as exc:
+            raise RunFailed(f"Cannot append to {self.path / name}: {exc.strerror or exc}.") from None
+
     def log_metrics(self, row: dict[str, Any]) -> None:
-        with open(self.path / "metrics.jsonl", "a") as fh:
-            fh.write(json.dumps(row) + "\n")
+        self._append("metrics.jsonl", [json.dumps(row) + "\n"])
 
     def log_completions(self, rows: list[dict[str, Any]]) -> None:
         """Append sampled {step, prompt, completion, reward, …} rows to completions.jsonl."""
-        with open(self.path / "completions.jsonl", "a") as fh:
-            fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        self._append("completions.jsonl", [json.dumps(r, ensure_ascii=False) + "\n" for r in rows])
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write(self.path / "summary.json", json.dumps(summary, indent=2) + "\n")

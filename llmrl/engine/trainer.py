@@ -246,6 +246,9 @@ def train(config: Config, reporter: Reporter | None = None, overwrite: bool = Fa
             if exc.consistent and done > saved:
                 save_checkpoint(s.folder.path, done, s.stack, _state(s, done, before, wall()), config.checkpoint.keep)
                 saved = done
+            if not list_checkpoints(s.folder.path):
+                raise RunFailed(f"{exc} No checkpoint was written yet; fix the cause and start again with "
+                                f"--overwrite.") from None
             raise RunFailed(f"{exc} Training state after step {saved} is checkpointed; fix the cause and "
                             f"continue with: llmrl train --resume {s.folder.path}") from None
         except KeyboardInterrupt:
