@@ -18,6 +18,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from transformers import PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from .errors import LLMRLError
@@ -51,9 +52,28 @@ def _publish(tmp: Path, out: Path) -> None:
     os.replace(tmp, out)
 
 
+def _unquantized(model: PreTrainedModel) -> PreTrainedModel:
+    """Drop the quantizer transformers attaches to a model loaded from a GGUF file.
+
+    A GGUF model whose weights were all dequantized to plain tensors (what llmrl trains) still
+    carries it, and `save_pretrained` refuses to save it; its weights are ordinary float tensors, so
+    removing it is exact. Weights kept in quantized blocks cannot be merged and are refused.
+    """
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is None:
+        return model
+    plain = all(p.dtype.is_floating_point for p in model.parameters()) and not any(
+        "gguf" in type(m).__module__ for m in model.modules())
+    if not plain:
+        raise LLMRLError("The base model's weights are kept quantized, so the adapter cannot be merged into them; "
+                         "export with --adapter-only instead.")
+    quantizer.remove_quantization_config(model)
+    return model
+
+
 def _write_merged(run_dir: Path, tmp: Path, dtype: str) -> str:
     stack, tokenizer, _ = load_actor(run_dir, dtype="float32", device="cpu")
-    model = merge_actor(stack).to(DTYPES[dtype])
+    model = _unquantized(merge_actor(stack)).to(DTYPES[dtype])
     model.config.dtype = dtype
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)

@@ -57,8 +57,9 @@ def load_base(cfg: ModelConfig, show_progress: bool = True) -> tuple[PreTrainedM
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[cfg.dtype], **kwargs)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, KeyError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = f"missing entry {first}" if isinstance(exc, KeyError) else first
         raise ConfigError(f"Cannot load model '{cfg.name}' as a causal LM: {first}") from None
     check_causal(cfg.name, model)
     tokenizer.padding_side = "left"
