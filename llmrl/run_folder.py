@@ -39,6 +39,19 @@ def atomic_write(path: Path, data: str | bytes) -> None:
         raise
 
 
+def json_lines(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines log; a last line cut short (a crash or a full disk mid-write) is dropped."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i < len(lines) - 1:
+                raise LLMRLError(f"Line {i + 1} of {path} is not valid JSON.") from None
+    return rows
+
+
 def _step_of(line: str) -> float:
     """The 'step' of a JSON log line; a line cut short by a crash or a full disk counts as never logged."""
     try:
@@ -134,7 +147,7 @@ def read_run(path: str | Path) -> Run:
         raise LLMRLError(f"'{p}' is not a run folder (no {MARKER}).")
     config = yaml.safe_load((p / MARKER).read_text())
     metrics_file = p / "metrics.jsonl"
-    metrics = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()] if metrics_file.exists() else []
+    metrics = json_lines(metrics_file) if metrics_file.exists() else []
     summary_file = p / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
     return Run(p, config, metrics, summary)

@@ -67,3 +67,20 @@ def test_checkpoint_write_failure_keeps_the_previous_checkpoint(tiny_model_dir: 
 def test_disk_full_message_says_what_it_means() -> None:
     assert describe(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))) == "No space left on device (the disk is full)"
     assert describe(OSError(errno.EACCES, os.strerror(errno.EACCES))) == "Permission denied"
+
+
+def test_log_write_failure_before_any_checkpoint(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """metrics.jsonl hits the limit a few steps in, before the first checkpoint: one clear error."""
+    run = tmp_path / "run"
+    args = ["--model", str(tiny_model_dir), "--out", str(run), "--steps", "50", *ARGS, "--set", "checkpoint.every=0"]
+    config = subprocess.run([sys.executable, "-m", "llmrl", "config", "--yaml", "--model", str(tiny_model_dir), *ARGS],
+                            env=_env(), capture_output=True, text=True, check=True).stdout
+    limit = len(config.encode()) + 2000  # config.yaml (+ "out") fits; about three metrics rows more do not
+    failed = subprocess.run([sys.executable, "-m", "llmrl", "train", *args], env=_env(), capture_output=True,
+                            text=True, preexec_fn=_limit_file_size(limit))
+    assert failed.returncode == 1, failed.stderr
+    err = failed.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"Cannot append to {run}/metrics.jsonl: File too large." in err
+    assert "No checkpoint was written yet; fix the cause and start again with --overwrite." in err
+    assert (run / "config.yaml").is_file() and not list_checkpoints(run)
