@@ -89,3 +89,10 @@ def test_resume_without_a_checkpoint(tiny_model_dir: Path, tmp_path: Path) -> No
     (tmp_path / "config.yaml").write_text(f"algo: ppo\nmodel:\n  name: {tiny_model_dir}\n")
     _one_line(*_run(["train", "--resume", str(tmp_path)]), 2,
               f"'{tmp_path}' has no checkpoint to resume from; start it again with --overwrite.")
+
+
+def test_group_estimator_with_one_sample_per_prompt(tmp_path: Path) -> None:
+    _one_line(*_run(["train", "--algo", "grpo", "--set", "rollout.num_generations=1", "--set", "update.minibatch_size=8",
+                     "--out", str(tmp_path / "r")]), 2,
+              "Estimator 'grpo' compares samples of a prompt; set rollout.num_generations ≥ 2.")
+    assert not (tmp_path / "r").exists()
