@@ -43,8 +43,18 @@ def check_out(out: Path, overwrite: bool) -> None:
         raise LLMRLError(f"'{out}' already exists; pass --overwrite to replace it.")
 
 
+def _readable(folder: Path) -> None:
+    """Give every file the user's usual permissions (some writers create them 0600 via temp files)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for f in folder.iterdir():
+        if f.is_file():
+            f.chmod(0o666 & ~umask)
+
+
 def _publish(tmp: Path, out: Path) -> None:
     """Move the finished temporary folder to `out`, replacing what was there."""
+    _readable(tmp)
     if out.is_dir():
         shutil.rmtree(out)
     elif out.exists():
