@@ -51,7 +51,10 @@ def load_target(model: str, *, device: str | None = None, show_progress: bool = 
 def resolve_task(task: str | None, target: EvalTarget) -> Task:
     """The evaluation task: `--task`, else the run's task (a run) or the default task (a model).
 
-    Seam for `--dataset FILE`: build and return the Task from the file here.
+    Seam for datasets: a `--dataset FILE` option becomes one more argument here and returns the
+    Task built from the file (the datasets module's `task_from_config`-like builder, given
+    `target.config` with the file set); a run trained on a dataset is evaluated on its own eval split
+    the same way, from `target.config`. Nothing else in `eval_model` or the CLI needs to change.
     """
     return get_task(task or target.config.task)
 
