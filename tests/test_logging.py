@@ -102,3 +102,24 @@ def test_wandb_not_installed_is_one_clear_error(tiny_model_dir: Path, tmp_path: 
 def test_unknown_tracker_is_refused(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "r"), "--report-to", "tensorboard,mlflow"])
     assert result.exit_code == 2 and "'log.report_to' entries must be among tensorboard, wandb; got 'mlflow'" in result.stderr
+
+
+def test_resume_shows_each_step_once(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Steps logged after the newest checkpoint are redone on resume: TensorBoard purges their
+    events and completions.jsonl drops their rows, like metrics.jsonl."""
+    import shutil
+
+    out = tmp_path / "run"
+    _train(tiny_model_dir, out, "--report-to", "tensorboard", "--set", "checkpoint.every=2",
+           "--set", "checkpoint.keep=5", "--set", "log.completions_every=1", "--set", "log.completions_rows=2")
+    shutil.rmtree(out / "checkpoints" / "step-000004")  # as if killed after logging step 4, before its checkpoint
+    (out / "summary.json").unlink()
+    resumed = CliRunner().invoke(app, ["train", "--resume", str(out)])
+    assert resumed.exit_code == 0, resumed.stderr
+    assert [r["step"] for r in _rows(out / "completions.jsonl")] == [1, 1, 2, 2, 3, 3, 4, 4]
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    logged = [(e.step, e.value) for e in events.Scalars("reward_mean")]
+    metrics = _rows(out / "metrics.jsonl")
+    assert [s for s, _ in logged] == [1, 2, 3, 4]
+    assert [v for _, v in logged] == pytest.approx([r["reward_mean"] for r in metrics], rel=1e-6)

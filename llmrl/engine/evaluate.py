@@ -121,4 +121,4 @@ def evaluate_sampled(
     ks = sorted({1, samples})
     pass_at = {k: sum(pass_at_k(samples, c, k) for c in correct) / max(len(rows), 1) for k in ks}
     grouped = [texts[i * samples : (i + 1) * samples] for i in range(len(rows))]
-    return SampledResult(samples, correct, float(rewards.mean()) if rows else 0.0, pass_at, grouped)
+    return SampledResult(samples, correct, float(rewards.double().mean()) if rows else 0.0, pass_at, grouped)
