@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import random
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from contextlib import contextmanager
 from typing import Any, Iterator
 
 import torch
