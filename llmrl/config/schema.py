@@ -107,6 +107,18 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class LogConfig:
+    report_to: list[str] = opt(
+        [], "also send scalar metrics to these trackers: tensorboard (RUN/tensorboard), wandb",
+        each=("tensorboard", "wandb"),
+    )
+    completions_every: int = opt(
+        50, "every N steps (and at step 1) write sample rows to completions.jsonl and show a few (0: off)", min=0
+    )
+    completions_rows: int = opt(8, "prompt/completion/reward rows logged per such step (the batch's first rows)", min=1)
+
+
+@dataclass(frozen=True)
 class Config:
     algo: str = opt("ppo", "algorithm preset (see `llmrl algos`)")
     task: str = opt("arithmetic", "built-in task providing prompts and a reward")
@@ -122,3 +134,4 @@ class Config:
     update: UpdateConfig = field(default_factory=UpdateConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
