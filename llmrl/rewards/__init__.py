@@ -59,13 +59,15 @@ class WeightedReward:
         return total
 
 
-def build_reward(specs: Iterable[Mapping[str, Any]], *, columns: set[str], source: str,
+def build_reward(specs: Iterable[Mapping[str, Any] | str], *, columns: set[str], source: str,
                  device: torch.device, dtype: torch.dtype = torch.float32, batch_size: int = 16,
                  trust_remote_code: bool = False) -> WeightedReward:
-    """Resolve every entry of `reward.functions`; `columns` are the dataset's non-prompt columns."""
+    """Resolve every entry of `reward.functions` (a mapping, or a bare name); `columns` are the
+    dataset's non-prompt columns, `source` names the dataset in errors."""
     comps: list[Component] = []
     for spec in specs:
-        label, fn, weight = _resolve_entry(dict(spec), columns, source, device, dtype, batch_size, trust_remote_code)
+        entry = {"name": spec} if isinstance(spec, str) else dict(spec)
+        label, fn, weight = _resolve_entry(entry, columns, source, device, dtype, batch_size, trust_remote_code)
         taken = {c.label for c in comps}
         unique = label if label not in taken else next(f"{label}_{i}" for i in range(2, 999) if f"{label}_{i}" not in taken)
         comps.append(Component(unique, fn, weight))

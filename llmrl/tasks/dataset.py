@@ -57,7 +57,7 @@ def check_prompt(prompt: Any, name: str, row: int) -> None:
             raise ConfigError(f"{where} has an empty prompt.")
         return
     if not isinstance(prompt, list) or not prompt:
-        kind = {type(None): "missing", list: "an empty list"}.get(type(prompt), f"a {type(prompt).__name__}")
+        kind = {type(None): "missing", list: "an empty list"}.get(type(prompt), f"of type {type(prompt).__name__}")
         raise ConfigError(f"{where}: the prompt is {kind}, not a string or a list of {{role, content}} messages.")
     for j, msg in enumerate(prompt, 1):
         if not (isinstance(msg, dict) and isinstance(msg.get("role"), str) and isinstance(msg.get("content"), str)):
