@@ -228,3 +228,10 @@ def test_bad_dataset_through_the_cli(tmp_path: Path, make, message: str) -> None
     assert result.exit_code == 2 and message.replace("{p}", str(tmp_path)) in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr + result.stdout
     assert not (tmp_path / "r").exists()  # refused before the run folder is made
+
+
+def test_smollm2_recipe_is_a_valid_recipe() -> None:
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "smollm2-135m-grpo.yaml"
+    cfg = load_config(recipe)
+    assert (cfg.algo, cfg.task, cfg.data.chat_template) == ("grpo", "chat_sum", "auto")
+    assert cfg.model.name.endswith(".gguf") and cfg.lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
