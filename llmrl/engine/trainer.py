@@ -31,9 +31,10 @@ from ..estimators import EstimatorSpec, get_estimator, import_user_module
 from ..kl_control import KLController
 from ..memory import peak_device_mib, peak_rss_mib, role_costs
 from ..models.load import load_base
+from ..models.prompts import apply_chat_setting, tokenize_prompts
 from ..models.stack import PolicyStack
 from ..run_folder import RunFolder, read_run, Run
-from ..tasks import Task, get_task
+from ..tasks import Task, task_from_config
 from .advantages import estimate, sequence_kl, shape_rewards
 from .completions import due, sample_rows
 from .data import PromptSampler, stream_digest
@@ -64,7 +65,8 @@ class Session:
 
 
 def default_out(config: Config) -> Path:
-    return Path("runs") / f"{config.algo}-{config.task}-{datetime.now():%Y%m%d-%H%M%S}"
+    task = Path(config.data.dataset).stem if config.data.dataset else config.task
+    return Path("runs") / f"{config.algo}-{task}-{datetime.now():%Y%m%d-%H%M%S}"
 
 
 def seed_everything(seed: int) -> None:
@@ -84,12 +86,13 @@ def resolve_estimator(config: Config) -> EstimatorSpec:
 def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: bool = False) -> Session:
     """Load the task and model, build the stack and optimizers, create (or reopen) the run folder."""
     spec = resolve_estimator(config)
-    task = get_task(config.task)
+    task = task_from_config(config)
     path = Path(config.out) if config.out else default_out(config)
     folder = RunFolder.open(path) if resume else RunFolder.create(path, overwrite)
     if config.threads:
         torch.set_num_threads(config.threads)
     base, tokenizer = load_base(config.model, show_progress=reporter.interactive)
+    apply_chat_setting(tokenizer, config.data.chat_template, config.model.name)
     seed_everything(config.seed)
     stack = PolicyStack(base, config.lora, with_critic=spec.needs.critic)
     check_context(task, tokenizer, base.config, config.rollout.max_new_tokens)
@@ -110,7 +113,7 @@ def check_context(task: Task, tokenizer: PreTrainedTokenizerBase, model_config: 
     if not limit:
         return
     for split, rows in (("train", task.train), ("eval", task.eval)):
-        lengths = [len(ids) for ids in tokenizer([r["prompt"] for r in rows], add_special_tokens=True).input_ids]
+        lengths = [len(ids) for ids in tokenize_prompts(tokenizer, [r["prompt"] for r in rows]).input_ids]
         for i, n in enumerate(lengths):
             if n + max_new_tokens > limit:
                 raise ConfigError(
@@ -150,6 +153,7 @@ def train_step(s: Session, step: int) -> dict[str, Any]:
     return {
         "step": step + 1,
         "reward_mean": batch.scores.mean().item(),
+        **{f"reward/{k}": v.mean().item() for k, v in (batch.reward_parts or {}).items()},
         "kl": kl,
         "beta": beta,
         **stats,
@@ -316,7 +320,7 @@ def summarize(config: Config, history: list[dict[str, Any]], before: EvalResult 
     return {
         "algo": config.algo,
         "estimator": config.estimator.name,
-        "task": config.task,
+        "task": config.data.dataset or config.task,
         "model": config.model.name,
         "seed": config.seed,
         "steps": len(history),
