@@ -116,6 +116,9 @@ class LogConfig:
         50, "every N steps (and at step 1) write sample rows to completions.jsonl and show a few (0: off)", min=0
     )
     completions_rows: int = opt(8, "prompt/completion/reward rows logged per such step (the batch's first rows)", min=1)
+
+
+@dataclass(frozen=True)
 class DataConfig:
     dataset: str | None = opt(
         None, "prompts from a local .jsonl/.csv/.parquet file or a `datasets` hub name (used instead of `task`)"
