@@ -12,6 +12,7 @@ from ..errors import ConfigError
 from ..engine.trainer import train as run_training
 from .display import RichReporter
 from .errors import friendly
+from .launch import launch, train_args
 
 
 @friendly
@@ -26,12 +27,16 @@ def train(
     sets: Optional[list[str]] = typer.Option(None, "--set", help="Any other setting as key=value, e.g. --set update.lr_actor=1e-3 (repeatable; `llmrl config` lists keys)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run already in --out."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this folder from its newest checkpoint (with --steps to extend it)."),
+    nproc: int = typer.Option(1, "--nproc", min=1, help="Data-parallel processes on this machine: relaunches the command under torchrun (same results as 1 process)."),
 ) -> None:
     """Train a model with RL: rollout → reward → advantage → update, for --steps steps.
 
     With no options it trains the built-in tiny model on two-digit addition with PPO, on the CPU,
     in a few minutes, and prints held-out accuracy before → after.
     """
+    if nproc > 1:
+        launch(nproc, train_args(algo, recipe, model, task, steps, seed, out, sets, overwrite, resume))
+        return
     if resume is not None:
         if any(v is not None for v in (algo, recipe, model, task, seed, out)) or sets or overwrite:
             raise ConfigError("--resume continues a run with its own settings; only --steps may be given with it.")

@@ -107,6 +107,16 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class DistConfig:
+    timeout_s: float = opt(
+        600.0, "torchrun runs: seconds a process waits for the others in a collective before the run stops", gt=0
+    )
+    shard_base: bool = opt(
+        False, "torchrun runs: shard the frozen base model's decoder layers over the processes with FSDP2 (fully_shard)"
+    )
+
+
+@dataclass(frozen=True)
 class Config:
     algo: str = opt("ppo", "algorithm preset (see `llmrl algos`)")
     task: str = opt("arithmetic", "built-in task providing prompts and a reward")
@@ -122,3 +132,4 @@ class Config:
     update: UpdateConfig = field(default_factory=UpdateConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
