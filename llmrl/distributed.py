@@ -84,10 +84,10 @@ class DistContext:
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         try:
             return fn()
-        except (RuntimeError, ConnectionError) as exc:  # DistBackendError, gloo/nccl socket errors
+        except (RuntimeError, ConnectionError) as exc:  # DistBackendError, gloo/nccl socket errors, timeouts
             raise PeerLost(
-                f"Rank {self.rank} of {self.world_size} lost the other processes during {what} "
-                f"(one stopped, hung past dist.timeout_s or lost its connection: {str(exc).splitlines()[0][:160]})."
+                f"Rank {self.rank} of {self.world_size} lost the other processes during {what}: one of them stopped, "
+                f"hung longer than dist.timeout_s or lost its connection ({_first_words(exc)})."
             ) from None
 
     def sum(self, x: Tensor) -> Tensor:
@@ -226,6 +226,13 @@ class DistContext:
 
 
 SINGLE = DistContext()
+
+
+def _first_words(exc: BaseException, limit: int = 100) -> str:
+    """The informative start of a backend error: '[…/pair.cc:537] Read error …' → 'Read error …'."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    text = text.split("] ", 1)[-1].split(". ")[0]
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def world_from_env() -> tuple[int, int, int]:

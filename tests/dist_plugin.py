@@ -1,8 +1,8 @@
 """Test-only tasks for the subprocess runs of test_distributed.py, registered on import
 (`--set estimator.module=tests.dist_plugin`, so every torchrun worker registers them too).
 
-- `digits`: the arithmetic prompts, reward = share of digits in the completion (a random model earns it).
-- `dying`: like `digits`, but the process whose RANK equals $LLMRL_TEST_DIE_RANK exits abruptly
+- `dist_digits`: the arithmetic prompts, reward = share of digits in the completion (a random model earns it).
+- `dist_dying`: like `dist_digits`, but the process whose RANK equals $LLMRL_TEST_DIE_RANK exits abruptly
   (os._exit, no cleanup) in its $LLMRL_TEST_DIE_CALL-th reward call.
 """
 
@@ -22,7 +22,8 @@ _calls = {"n": 0}
 
 def dying_reward(prompts: list[str], completions: list[str], answer: list[str]) -> list[float]:
     _calls["n"] += 1
-    if os.environ.get("RANK") == os.environ.get("LLMRL_TEST_DIE_RANK") and _calls["n"] == int(os.environ["LLMRL_TEST_DIE_CALL"]):
+    die = os.environ.get("LLMRL_TEST_DIE_RANK")
+    if die is not None and os.environ.get("RANK") == die and _calls["n"] == int(os.environ["LLMRL_TEST_DIE_CALL"]):
         os._exit(3)
     return digit_share(prompts, completions, answer)
 
@@ -32,5 +33,5 @@ def _with(name: str, reward) -> Task:
     return Task(name, base.train, base.eval, reward)
 
 
-TASKS["digits"] = lambda: _with("digits", digit_share)
-TASKS["dying"] = lambda: _with("dying", dying_reward)
+TASKS["dist_digits"] = lambda: _with("dist_digits", digit_share)
+TASKS["dist_dying"] = lambda: _with("dist_dying", dying_reward)

@@ -38,7 +38,7 @@ def launch(nproc: int, args: list[str]) -> None:
     try:
         run(parsed)
     except ChildFailedError as exc:
-        rank, failure = min(exc.failures.items())
+        rank, failure = exc.get_first_failure()  # the earliest: the cause, not the ranks torchrun stopped after it
         code = failure.exitcode if failure.exitcode in (1, 2, 130) else 1
-        raise LLMRLError(f"The {nproc}-process run stopped: rank {rank} exited with code {failure.exitcode} "
-                         f"(its message is above).", exit_code=code) from None
+        raise LLMRLError(f"The {nproc}-process run stopped: rank {rank} exited first, with code {failure.exitcode} "
+                         f"(the processes' messages are above).", exit_code=code) from None

@@ -2,7 +2,8 @@
 
 Each rank holds N/W rows; the logged means are Σ over ranks of the sums divided by Σ of the counts:
 
-    reward_mean  = Σ scores / N                      kl          = Σ_i Σ_t k1_it / N
+    reward_mean  = mean of the gathered (N,) scores (the very tensor one process would average)
+    kl           = Σ_i Σ_t k1_it / N
     tokens       = Σ m                               response_len = tokens / N
     adv_mean     = Σ m·A / Σ m                       adv_std     = sqrt((Σ m·A² − Σm·mean²) / (Σ m − 1))
     zero_advantage: no kept token has A ≠ 0 on any rank
@@ -39,16 +40,16 @@ def global_row(dist: DistContext, batch: RolloutBatch, out: EstimatorOutput) -> 
     adv = out.advantages.double()
     keys = sorted(out.stats)
     sums = dist.sum_floats([
-        float(batch.scores.double().sum()), float(batch.rows), float(mask.sum()),
+        float(batch.rows), float(mask.sum()),
         float(masked_sum(adv, mask)), float(masked_sum(adv * adv, mask)),
         float(masked_sum((adv != 0).double(), mask)),
         *[float(out.stats[k]) for k in keys],
     ])
-    score_sum, rows, tokens, a_sum, a_sq, nonzero, *est = sums
+    rows, tokens, a_sum, a_sq, nonzero, *est = sums
     mean = a_sum / tokens if tokens else 0.0
     var = (a_sq - tokens * mean * mean) / (tokens - 1) if tokens > 1 else 0.0
     return {
-        "reward_mean": score_sum / rows,
+        "reward_mean": dist.gather_rows(batch.scores).mean().item(),
         "zero_advantage": nonzero == 0,
         "adv_mean": mean,
         "adv_std": max(var, 0.0) ** 0.5,
