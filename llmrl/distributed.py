@@ -56,6 +56,7 @@ class DistContext:
     world_size: int = 1
     local_rank: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where collective tensors live
+    lockstep: bool = False  # the base is sharded (fsdp.py): every rank must run the same number of forwards
 
     @property
     def active(self) -> bool:

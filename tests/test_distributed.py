@@ -32,6 +32,9 @@ CASES = {
     # a critic algorithm with batch whitening, two minibatches per epoch, micro-batches
     "ppo": {"algo": "ppo", "rollout.prompts_per_step": 8, "update.minibatch_size": 4,
             "update.micro_batch_size": 3, "estimator.whiten": True, "update.epochs": 2},
+    # the same, with the base's decoder layers sharded over the 2 processes by FSDP2 (fully_shard)
+    "ppo-sharded": {"algo": "ppo", "rollout.prompts_per_step": 8, "update.minibatch_size": 4,
+                    "update.micro_batch_size": 3, "estimator.whiten": True, "update.epochs": 2},
     # a group algorithm: G = 4 samples of a prompt stay on one rank, KL in the loss
     "grpo": {"algo": "grpo", "rollout.prompts_per_step": 4, "rollout.num_generations": 4,
              "update.minibatch_size": 8},
@@ -62,11 +65,15 @@ def _single(model: Path, out: Path, task: str, steps: int, settings: dict) -> No
     train(load_config(overrides={"model.name": str(model), "task": task, "steps": steps, "out": str(out), **settings}))
 
 
-@pytest.mark.parametrize(("name", "entry"), [("ppo", "nproc"), ("grpo", "torchrun")])
+@pytest.mark.parametrize(("name", "entry"), [("ppo-sharded", "nproc"), ("grpo", "torchrun")])
 def test_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path, name: str, entry: str) -> None:
     settings = {**COMMON, **CASES[name]}
-    proc = _launch(entry, tiny_model_dir, tmp_path / "two", "dist_digits", 3, settings)
+    sharded = {"dist.shard_base": True} if name.endswith("sharded") else {}
+    proc = _launch(entry, tiny_model_dir, tmp_path / "two", "dist_digits", 3, {**settings, **sharded})
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # rank 0's memory table counts what it holds: the 2 decoder layers (2 × 9,280 weights) are split
+    # in half with FSDP2; embeddings, LM head and final norm (1,376) stay whole
+    assert ("10,656" if sharded else "19,936") in proc.stdout
     _single(tiny_model_dir, tmp_path / "one", "dist_digits", 3, settings)
     one, two = read_run(tmp_path / "one"), read_run(tmp_path / "two")
 
@@ -79,7 +86,7 @@ def test_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path, name: str
             if isinstance(value, float) and key not in EXACT and key != "step_time_s":
                 assert b[key] == pytest.approx(value, abs=1e-5, rel=1e-4), key
     # the same adapters after 3 steps
-    roles = ["actor", "critic"] if name == "ppo" else ["actor"]
+    roles = ["actor", "critic"] if name.startswith("ppo") else ["actor"]
     for role in roles:
         a = load_file(tmp_path / "one" / "adapters" / role / "adapter_model.safetensors")
         b = load_file(tmp_path / "two" / "adapters" / role / "adapter_model.safetensors")
@@ -137,3 +144,11 @@ def test_shards_and_local_rows() -> None:
     assert ranks[1].local_rows(rows, 4).tolist() == [2, 0]
     with pytest.raises(ConfigError, match="7 items cannot be split evenly over 2 processes"):
         ranks[0].shard(7)
+
+
+def test_shard_base_needs_several_processes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    config = load_config(overrides={"model.name": str(tiny_model_dir), "task": "dist_digits", "out": str(tmp_path / "r"),
+                                    **COMMON, "rollout.prompts_per_step": 8, "update.minibatch_size": 8,
+                                    "dist.shard_base": True})
+    with pytest.raises(ConfigError, match=r"^'dist.shard_base' shards the base over the processes of a torchrun run"):
+        setup(config, NullReporter())

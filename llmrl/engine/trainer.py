@@ -102,7 +102,7 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
     if config.dist.shard_base:
         from ..fsdp import shard_base  # late: only runs that ask for it
 
-        shard_base(stack, dist)
+        dist = shard_base(stack, dist)
     check_context(task, tokenizer, base.config, config.rollout.max_new_tokens)
     plan = RolloutPlan(reference=config.kl.beta > 0, critic=spec.needs.critic, greedy=spec.needs.greedy)
     if not resume:
@@ -134,7 +134,7 @@ def run_eval(s: Session) -> EvalResult | None:
     rows = s.task.eval[: s.config.eval.size]
     if not rows:
         return None
-    if s.dist.active:
+    if s.dist.active and not s.dist.lockstep:  # with a sharded base every rank evaluates every row
         return run_eval_sharded(s, rows)
     return evaluate(s.stack, s.tokenizer, rows, s.task.reward, max_new_tokens=s.config.rollout.max_new_tokens,
                     success=s.task.success, batch_size=s.config.eval.batch_size)

@@ -53,6 +53,13 @@ def _micro_batches(rows: Tensor, size: int | None) -> list[Tensor]:
     return [m for m in (rows.split(size) if size else [rows]) if len(m)]
 
 
+def _most_micro_batches(rows: Tensor, n_local: int, world: int, size: int | None) -> int:
+    """The most micro-batches any rank runs for the global minibatch `rows` (rank q holds rows
+    [q·n_local, (q+1)·n_local)); every rank knows the permutation, so no communication is needed."""
+    counts = [int(((rows >= q * n_local) & (rows < (q + 1) * n_local)).sum()) for q in range(world)]
+    return max(-(-c // size) if size else int(c > 0) for c in counts)
+
+
 def _token_share(mask: Tensor, totals: dict[str, float]) -> float:
     """This micro-batch's share of the minibatch's tokens (1.0 for a whole single-process minibatch)."""
     return float(mask.sum()) / totals["total_tokens"]
@@ -90,19 +97,24 @@ def _critic_loss(stack: PolicyStack, mb: RolloutBatch, returns: Tensor, cfg: Upd
 
 def _pass(role: str, stack: PolicyStack, opt: torch.optim.Optimizer, batch: RolloutBatch, rows: Tensor,
           totals: dict[str, float], target: Tensor, cfg: UpdateConfig, loss_fn, keys: tuple[str, ...],
-          moments: GradMoments | None = None, dist: DistContext = SINGLE) -> dict[str, float]:
+          moments: GradMoments | None = None, dist: DistContext = SINGLE, lockstep: int = 0) -> dict[str, float]:
     """Accumulate gradients over micro-batches of `rows` (this rank's rows of the minibatch, whose
     global token and row counts are `totals`), sum them over ranks, then one clipped optimizer step.
 
-    `moments`, when given, records the finite pre-clip gradient (see grad_stats.py)."""
+    `moments`, when given, records the finite pre-clip gradient (see grad_stats.py). `lockstep`
+    (sharded base only): run zero-weight micro-batches until this many forwards/backwards ran."""
     opt.zero_grad(set_to_none=True)
     stats: dict[str, float] = defaultdict(float)
     finite = True
     with stack.use(role):
-        for micro in _micro_batches(rows, cfg.micro_batch_size):
+        micros = _micro_batches(rows, cfg.micro_batch_size)
+        for _ in range(lockstep - len(micros)):  # keep the sharded forwards of all ranks in step
+            one = torch.zeros(1, dtype=torch.long, device=rows.device)
+            (0.0 * loss_fn(batch.select(one), target[one], totals)[0]).backward()
+        for micro in micros:
             loss, s = loss_fn(batch.select(micro), target[micro], totals)
             finite &= bool(torch.isfinite(loss))
-            if finite:
+            if finite or dist.lockstep:  # a sharded backward is a collective: run it (its grads are dropped)
                 loss.backward()
             for k, v in s.items():
                 stats[k] += v
@@ -136,17 +148,19 @@ def update(stack: PolicyStack, opts: dict[str, torch.optim.Optimizer], batch: Ro
     actor_fn = lambda mb, adv, totals: _actor_loss(stack, mb, adv, cfg, kl, beta, temperature, totals)  # noqa: E731
     critic_fn = lambda mb, ret, totals: _critic_loss(stack, mb, ret, cfg, totals)  # noqa: E731
     row_tokens = dist.gather_rows(batch.response_mask.sum(-1))  # (N_global,) tokens per row
+    micros = lambda rows: _most_micro_batches(rows, batch.rows, dist.world_size, cfg.micro_batch_size) if dist.lockstep else 0  # noqa: E731
     for _ in range(cfg.epochs):
         order = torch.randperm(batch.rows * dist.world_size, generator=generator).to(batch.response_ids.device)
         for rows in order.split(cfg.minibatch_size):
             totals = {"total_tokens": float(row_tokens[rows].sum().clamp(min=1)), "total_seqs": float(len(rows))}
             mine = dist.local_rows(rows, batch.rows)
+            most = micros(rows)
             for k, v in _pass("actor", stack, opts["actor"], batch, mine, totals, targets.advantages, cfg, actor_fn,
-                              ACTOR_STATS, moments, dist).items():
+                              ACTOR_STATS, moments, dist, most).items():
                 history[k].append(v)
             if "critic" in opts and targets.returns is not None:
                 for k, v in _pass("critic", stack, opts["critic"], batch, mine, totals, targets.returns, cfg, critic_fn,
-                                  CRITIC_STATS, None, dist).items():
+                                  CRITIC_STATS, None, dist, most).items():
                     history[k].append(v)
     stats = {k: sum(v) / len(v) for k, v in history.items() if not k.endswith("_skipped")}
     stats["skipped_updates"] = sum(sum(v) for k, v in history.items() if k.endswith("_skipped"))
