@@ -133,6 +133,17 @@ class DistContext:
         self._call("a broadcast", lambda: dist.broadcast_object_list(box, src=0))
         return box[0]
 
+    def broadcast_parameters(self, params: Sequence[torch.nn.Parameter]) -> None:
+        """Copy rank 0's values into `params` on every rank (as DDP does when it is built), so the
+        ranks start from identical adapters even if their initialisation differed."""
+        if not self.active:
+            return
+        with torch.no_grad():
+            for p in params:
+                buf = p.detach().to(self.device, copy=True)
+                self._call("a broadcast", lambda: dist.broadcast(buf, src=0))
+                p.copy_(buf)
+
     def barrier(self) -> None:
         if self.active:
             self._call("a barrier", lambda: dist.barrier())

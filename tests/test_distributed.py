@@ -152,3 +152,14 @@ def test_shard_base_needs_several_processes(tiny_model_dir: Path, tmp_path: Path
                                     "dist.shard_base": True})
     with pytest.raises(ConfigError, match=r"^'dist.shard_base' shards the base over the processes of a torchrun run"):
         setup(config, NullReporter())
+
+
+def test_micro_batches_report_the_minibatch_statistics(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # the update's logged losses are sums of per-micro-batch shares (what ranks add up too): split
+    # into micro-batches of 3 rows they equal the whole-minibatch values
+    base = {"model.name": str(tiny_model_dir), "task": "dist_digits", "steps": 1, **COMMON, **CASES["ppo"]}
+    whole = train(load_config(overrides={**base, "out": str(tmp_path / "whole"), "update.micro_batch_size": None}))
+    split = train(load_config(overrides={**base, "out": str(tmp_path / "split")}))
+    for key in ("policy_loss", "entropy", "clip_frac", "approx_kl", "value_loss", "actor_grad_norm"):
+        assert split.metrics[0][key] == pytest.approx(whole.metrics[0][key], abs=1e-6), key
+    assert whole.metrics[0]["entropy"] > 1.0

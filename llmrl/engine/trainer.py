@@ -99,6 +99,7 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
     base, tokenizer = dist.main_first(lambda: load_base(config.model, show_progress=reporter.interactive), local=True)
     seed_everything(config.seed)
     stack = PolicyStack(base, config.lora, with_critic=spec.needs.critic)
+    dist.broadcast_parameters([p for role in stack.trainable_roles() for p in stack.parameters_of(role)])
     if config.dist.shard_base:
         from ..fsdp import shard_base  # late: only runs that ask for it
 
