@@ -5,12 +5,17 @@
         state.pt                optimizer states, KL controller, RNG states, step, eval-before result
 
 A checkpoint is built in a temporary sibling folder (files fsynced) and renamed into place, so a
-crash while saving never leaves a broken `step-*` folder; only the newest `keep` are kept.
+crash while saving never leaves a broken `step-*` folder; only the newest `keep` are kept. Files are
+serialised in memory and written with plain file writes, so a full disk is one `OSError` (ENOSPC)
+whatever the format: the temporary folder is removed, older checkpoints are untouched, and the
+run stops with `CheckpointFailed`.
 `state.pt` is read back with `torch.load(weights_only=True)`.
 """
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import random
 import re
@@ -19,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as safetensors_bytes
 
-from .errors import LLMRLError
+from .errors import LLMRLError, RunFailed
 
 PATTERN = re.compile(r"^step-(\d{6,})$")
 
@@ -31,6 +37,33 @@ def trainable_state(stack: Any) -> dict[str, torch.Tensor]:
     named = dict(stack.named_parameters())
     wanted = {id(p) for role in stack.trainable_roles() for p in stack.parameters_of(role)}
     return {n: p.detach().cpu().contiguous().clone() for n, p in named.items() if id(p) in wanted}
+
+
+class CheckpointFailed(RunFailed):
+    """A checkpoint could not be written (disk full, quota, file size limit, …); older ones are intact."""
+
+
+FULL = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exhausted",
+        errno.EFBIG: "the file size limit was reached"}
+
+
+def describe(exc: OSError) -> str:
+    """'No space left on device (the disk is full)' and the like: the OS reason plus what it means."""
+    reason = exc.strerror or str(exc)
+    return f"{reason} ({FULL[exc.errno]})" if exc.errno in FULL else reason
+
+
+def _write(path: Path, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _state_bytes(state: dict[str, Any]) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
 
 
 def _fsync_tree(path: Path) -> None:
@@ -53,15 +86,15 @@ def save_checkpoint(root: Path, step: int, stack: Any, state: dict[str, Any], ke
         folder.mkdir(exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        save_file(trainable_state(stack), str(tmp / "trainable.safetensors"))
-        torch.save(state, tmp / "state.pt")
+        _write(tmp / "trainable.safetensors", safetensors_bytes(trainable_state(stack)))
+        _write(tmp / "state.pt", _state_bytes(state))
         _fsync_tree(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise LLMRLError(f"Cannot write checkpoint {final}: {exc.strerror or exc}.", exit_code=1) from None
+        raise CheckpointFailed(f"Cannot write checkpoint {final}: {describe(exc)}.") from None
     for old in list_checkpoints(root)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final

@@ -18,7 +18,7 @@ import yaml
 from safetensors.torch import save_file
 
 from .config import Config, to_tree
-from .errors import LLMRLError
+from .errors import LLMRLError, RunFailed
 from .models.stack import PolicyStack
 
 MARKER = "config.yaml"
@@ -37,6 +37,27 @@ def atomic_write(path: Path, data: str | bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def json_lines(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines log; a last line cut short (a crash or a full disk mid-write) is dropped."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i < len(lines) - 1:
+                raise LLMRLError(f"Line {i + 1} of {path} is not valid JSON.") from None
+    return rows
+
+
+def _step_of(line: str) -> float:
+    """The 'step' of a JSON log line; a line cut short by a crash or a full disk counts as never logged."""
+    try:
+        return json.loads(line).get("step", 0)
+    except json.JSONDecodeError:
+        return float("inf")
 
 
 class RunFolder:
@@ -69,20 +90,33 @@ class RunFolder:
         return cls(path)
 
     def truncate_metrics(self, steps: int) -> None:
-        """Keep the first `steps` rows of metrics.jsonl (rows logged after the checkpoint are redone)."""
-        f = self.path / "metrics.jsonl"
-        if not f.exists():
-            return
-        rows = [line for line in f.read_text().splitlines() if line.strip()]
-        kept = [line for line in rows if json.loads(line).get("step", 0) <= steps]
-        atomic_write(f, "".join(line + "\n" for line in kept))
+        """Keep the rows of the first `steps` steps in metrics.jsonl and completions.jsonl (rows
+        logged after the checkpoint are redone)."""
+        for name in ("metrics.jsonl", "completions.jsonl"):
+            f = self.path / name
+            if not f.exists():
+                continue
+            rows = [line for line in f.read_text().splitlines() if line.strip()]
+            kept = [line for line in rows if _step_of(line) <= steps]
+            atomic_write(f, "".join(line + "\n" for line in kept))
 
     def write_config(self, config: Config) -> None:
         atomic_write(self.path / MARKER, yaml.safe_dump(to_tree(config), sort_keys=False))
 
+    def _append(self, name: str, lines: list[str]) -> None:
+        """Append lines to a log file; a write that fails (disk full, …) stops the run cleanly."""
+        try:
+            with open(self.path / name, "a") as fh:
+                fh.writelines(lines)
+        except OSError as exc:
+            raise RunFailed(f"Cannot append to {self.path / name}: {exc.strerror or exc}.") from None
+
     def log_metrics(self, row: dict[str, Any]) -> None:
-        with open(self.path / "metrics.jsonl", "a") as fh:
-            fh.write(json.dumps(row) + "\n")
+        self._append("metrics.jsonl", [json.dumps(row) + "\n"])
+
+    def log_completions(self, rows: list[dict[str, Any]]) -> None:
+        """Append sampled {step, prompt, completion, reward, …} rows to completions.jsonl."""
+        self._append("completions.jsonl", [json.dumps(r, ensure_ascii=False) + "\n" for r in rows])
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write(self.path / "summary.json", json.dumps(summary, indent=2) + "\n")
@@ -113,7 +147,7 @@ def read_run(path: str | Path) -> Run:
         raise LLMRLError(f"'{p}' is not a run folder (no {MARKER}).")
     config = yaml.safe_load((p / MARKER).read_text())
     metrics_file = p / "metrics.jsonl"
-    metrics = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()] if metrics_file.exists() else []
+    metrics = json_lines(metrics_file) if metrics_file.exists() else []
     summary_file = p / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
     return Run(p, config, metrics, summary)
@@ -121,7 +155,8 @@ def read_run(path: str | Path) -> Run:
 
 class ReaderFolder(RunFolder):
     """The run folder as seen by the processes of a data-parallel run other than rank 0: they read
-    it (to resume) but never write to it; rank 0 alone writes config, metrics, models and summary."""
+    it (to resume) but never write to it; rank 0 alone writes config, metrics, completions, models
+    and summary."""
 
     def truncate_metrics(self, steps: int) -> None:
         pass
@@ -129,7 +164,7 @@ class ReaderFolder(RunFolder):
     def write_config(self, config: Config) -> None:
         pass
 
-    def log_metrics(self, row: dict[str, Any]) -> None:
+    def _append(self, name: str, lines: list[str]) -> None:  # metrics.jsonl, completions.jsonl
         pass
 
     def write_summary(self, summary: dict[str, Any]) -> None:

@@ -11,6 +11,8 @@ from .algos_cmd import advantages, algos
 from .compare_cmd import compare
 from .config_cmd import config
 from .plot_cmd import plot
+from .eval_cmd import eval
+from .export_cmd import export
 from .train import train
 
 warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*")
@@ -29,6 +31,8 @@ app.command()(algos)
 app.command()(advantages)
 app.command()(compare)
 app.command()(plot)
+app.command()(export)
+app.command(name="eval")(eval)
 
 
 def main() -> None:

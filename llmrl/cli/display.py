@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -16,6 +17,12 @@ from ..memory import RoleCost
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:,.2f} MiB"
+
+
+def _clip(text: Any, width: int = 60) -> str:
+    """One line of at most `width` characters (chat message lists shown as their text)."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
 def _pct(x: float | None) -> str:
@@ -87,6 +94,15 @@ class RichReporter:
         stats = f"reward {row['reward_mean']:.3f}  KL {kl}  acc {_pct(self.accuracy)}"
         if self.progress is not None:
             self.progress.update(self.task_id, advance=1, stats=stats)
+
+    shown_completions = 3
+
+    def completions(self, rows: list[dict[str, Any]]) -> None:
+        """A few of the step's sampled completions, one line each: prompt → completion (reward)."""
+        for r in rows[: self.shown_completions]:
+            prompt, completion = _clip(r["prompt"]), _clip(r["completion"])
+            self.console.print(f"[dim]step {r['step']}[/]  {escape(prompt)} → [bold]{escape(completion)}[/]  "
+                               f"[dim](reward {r['reward']:.3g})[/]", highlight=False)
 
     def end(self, summary: dict[str, Any]) -> None:
         if self.progress is not None:

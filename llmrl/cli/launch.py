@@ -13,7 +13,8 @@ from ..errors import ConfigError, LLMRLError
 
 
 def train_args(algo: str | None, recipe: object, model: str | None, task: str | None, steps: int | None,
-               seed: int | None, out: object, sets: list[str] | None, overwrite: bool, resume: object) -> list[str]:
+               seed: int | None, out: object, sets: list[str] | None, overwrite: bool, resume: object,
+               report_to: list[str] | None = None) -> list[str]:
     """The `llmrl train` arguments that reproduce these options (without --nproc)."""
     args: list[str] = []
     for flag, value in (("--algo", algo), ("--recipe", recipe), ("--model", model), ("--task", task),
@@ -22,6 +23,8 @@ def train_args(algo: str | None, recipe: object, model: str | None, task: str | 
             args += [flag, str(value)]
     for item in sets or []:
         args += ["--set", item]
+    for item in report_to or []:
+        args += ["--report-to", item]
     return args + (["--overwrite"] if overwrite else [])
 
 

@@ -27,6 +27,7 @@ def train(
     sets: Optional[list[str]] = typer.Option(None, "--set", help="Any other setting as key=value, e.g. --set update.lr_actor=1e-3 (repeatable; `llmrl config` lists keys)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run already in --out."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this folder from its newest checkpoint (with --steps to extend it)."),
+    report_to: Optional[list[str]] = typer.Option(None, "--report-to", help="Also send metrics to: tensorboard (RUN/tensorboard), wandb (repeatable or comma-separated; key log.report_to)."),
     nproc: int = typer.Option(1, "--nproc", min=1, help="Data-parallel processes on this machine: relaunches the command under torchrun (same results as 1 process)."),
 ) -> None:
     """Train a model with RL: rollout → reward → advantage → update, for --steps steps.
@@ -35,10 +36,10 @@ def train(
     in a few minutes, and prints held-out accuracy before → after.
     """
     if nproc > 1:
-        launch(nproc, train_args(algo, recipe, model, task, steps, seed, out, sets, overwrite, resume))
+        launch(nproc, train_args(algo, recipe, model, task, steps, seed, out, sets, overwrite, resume, report_to))
         return
     if resume is not None:
-        if any(v is not None for v in (algo, recipe, model, task, seed, out)) or sets or overwrite:
+        if any(v is not None for v in (algo, recipe, model, task, seed, out)) or sets or overwrite or report_to:
             raise ConfigError("--resume continues a run with its own settings; only --steps may be given with it.")
         if not (resume / "config.yaml").is_file():
             raise ConfigError(f"'{resume}' is not a run folder (no config.yaml); nothing to resume.")
@@ -46,6 +47,7 @@ def train(
         run_training(config, RichReporter(), resume=True)
         return
     overrides = {"algo": algo, "model.name": model, "task": task, "steps": steps, "seed": seed,
-                 "out": str(out) if out else None}
+                 "out": str(out) if out else None,
+                 "log.report_to": [n.strip() for item in report_to for n in item.split(",") if n.strip()] if report_to else None}
     config = load_config(recipe, overrides, sets)
     run_training(config, RichReporter(), overwrite=overwrite)

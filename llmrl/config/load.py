@@ -97,6 +97,9 @@ def check_bounds(key: str, value: Any, meta: Mapping[str, Any]) -> None:
     """Raise a ConfigError when `value` breaks the field's choices/min/max/gt."""
     if value is None:
         return
+    if "each" in meta and any(v not in meta["each"] for v in value):
+        bad = next(v for v in value if v not in meta["each"])
+        raise ConfigError(f"'{key}' entries must be among {', '.join(meta['each'])}; got {bad!r}.")
     if "choices" in meta and value not in meta["choices"]:
         raise ConfigError(f"'{key}' must be one of {', '.join(map(str, meta['choices']))}; got {value!r}.")
     if "min" in meta and value < meta["min"]:

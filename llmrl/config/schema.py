@@ -107,6 +107,18 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class LogConfig:
+    report_to: list[str] = opt(
+        [], "also send scalar metrics to these trackers: tensorboard (RUN/tensorboard), wandb",
+        each=("tensorboard", "wandb"),
+    )
+    completions_every: int = opt(
+        50, "every N steps (and at step 1) write sample rows to completions.jsonl and show a few (0: off)", min=0
+    )
+    completions_rows: int = opt(8, "prompt/completion/reward rows logged per such step (the batch's first rows)", min=1)
+
+
+@dataclass(frozen=True)
 class DistConfig:
     timeout_s: float = opt(
         600.0, "torchrun runs: seconds a process waits for the others in a collective before the run stops", gt=0
@@ -132,4 +144,5 @@ class Config:
     update: UpdateConfig = field(default_factory=UpdateConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
     dist: DistConfig = field(default_factory=DistConfig)

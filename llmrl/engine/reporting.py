@@ -20,6 +20,7 @@ class Reporter(Protocol):
     def end(self, summary: dict[str, Any]) -> None: ...
     def resumed(self, step: int) -> None: ...
     def stopped(self) -> None: ...
+    def completions(self, rows: list[dict[str, Any]]) -> None: ...
 
 
 class NullReporter:
@@ -41,4 +42,7 @@ class NullReporter:
         pass
 
     def stopped(self) -> None:
+        pass
+
+    def completions(self, rows: list[dict[str, Any]]) -> None:
         pass

@@ -18,10 +18,11 @@ from __future__ import annotations
 import random
 import time
 import warnings
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -38,12 +39,14 @@ from ..models.stack import PolicyStack
 from ..run_folder import ReaderFolder, RunFolder, read_run, Run
 from ..tasks import Task, get_task
 from .advantages import estimate, sequence_kl, shape_rewards
+from .completions import due, sample_rows
 from .data import PromptSampler, stream_digest
 from .dist_stats import global_kl, global_row
 from .evaluate import EvalResult, evaluate
 from .reporting import NullReporter, Reporter
 from .rollout import RolloutPlan, rollout
 from .signals import graceful_stop
+from .trackers import Trackers, check_available, open_trackers
 from .update import Targets, make_optimizers, update
 
 
@@ -63,6 +66,7 @@ class Session:
     folder: RunFolder
     generator: torch.Generator
     dist: DistContext = SINGLE  # this process's place in a data-parallel run
+    samples: list[dict[str, Any]] = field(default_factory=list)  # completions sampled by the last step
 
 
 def default_out(config: Config) -> Path:
@@ -162,8 +166,11 @@ def train_step(s: Session, step: int) -> dict[str, Any]:
     index = s.sampler.indices(step)
     mine = index[s.dist.shard(len(index))]  # this rank's prompts (all of them in a single process)
     rows = [s.task.train[i] for i in mine.tolist()]
-    batch, _ = s.dist.agree(lambda: rollout(s.stack, s.tokenizer, rows, mine, cfg=cfg.rollout, plan=s.plan,
-                                            reward_fn=s.task.reward, seed=cfg.seed, step=step))
+    batch, completions = s.dist.agree(lambda: rollout(s.stack, s.tokenizer, rows, mine, cfg=cfg.rollout, plan=s.plan,
+                                                      reward_fn=s.task.reward, seed=cfg.seed, step=step))
+    # the batch's first rows are rank 0's first rows: rank 0 logs the same samples as one process
+    s.samples = (sample_rows(step + 1, rows, completions, batch.scores, batch.group_size, cfg.log.completions_rows)
+                 if s.dist.is_main and due(step + 1, cfg.log.completions_every) else [])
     beta = s.kl.beta
     out = estimate(s.spec, batch, shape_rewards(batch, beta, cfg.kl), cfg.estimator, s.dist)
     stats = update(s.stack, s.opts, batch, Targets(out.advantages, out.returns), cfg.update, cfg.kl,
@@ -248,6 +255,7 @@ def _checkpoint(s: Session, step: int, before: EvalResult | None, elapsed: float
 
 def _train(config: Config, reporter: Reporter, overwrite: bool, resume: bool, dist: DistContext) -> Run:
     t0 = time.perf_counter()
+    check_available(config.log.report_to)
     s = setup(config, reporter, overwrite, resume, dist)
     start, elapsed = 0, 0.0
     reporter.start(config, role_costs(s.stack), s.folder.path)
@@ -257,10 +265,13 @@ def _train(config: Config, reporter: Reporter, overwrite: bool, resume: bool, di
     else:
         before = run_eval(s)
     reporter.evaluated(0, before)
+    trackers = open_trackers(config, s.folder.path, start) if s.dist.is_main else Trackers([])
+    if before is not None and not resume:
+        trackers.log(_eval_scalars(before), step=0)
     wall = lambda: elapsed + time.perf_counter() - t0  # noqa: E731
     saved = start
     bad = 0
-    with graceful_stop() as stop:
+    with graceful_stop() as stop, _close_on_error(trackers):
         try:
             for step in range(start, config.steps):
                 row = train_step(s, step)
@@ -269,6 +280,8 @@ def _train(config: Config, reporter: Reporter, overwrite: bool, resume: bool, di
                     row["eval_accuracy"] = result.accuracy if result else None
                     reporter.evaluated(step + 1, result)
                 s.folder.log_metrics(row)
+                trackers.log(row)
+                _log_samples(s, reporter)
                 reporter.step(row)
                 bad = bad + 1 if row["skipped_updates"] else 0
                 if bad >= config.update.max_bad_steps:
@@ -290,6 +303,9 @@ def _train(config: Config, reporter: Reporter, overwrite: bool, resume: bool, di
                 if done > saved:
                     _checkpoint(s, done, before, wall())
                     saved = done
+            if not list_checkpoints(s.folder.path):
+                raise RunFailed(f"{exc} No checkpoint was written yet; fix the cause and start again with "
+                                f"--overwrite.") from None
             raise RunFailed(f"{exc} Training state after step {saved} is checkpointed; fix the cause and "
                             f"continue with: llmrl train --resume {s.folder.path}") from None
         except KeyboardInterrupt:
@@ -302,6 +318,8 @@ def _train(config: Config, reporter: Reporter, overwrite: bool, resume: bool, di
         _checkpoint(s, config.steps, before, wall())
     after = run_eval(s)
     reporter.evaluated(config.steps, after)
+    if after is not None:
+        trackers.log(_eval_scalars(after), step=config.steps)
     if not s.dist.is_main:
         s.dist.barrier()  # wait for rank 0 to write the models and the summary
         return Run(s.folder.path, {}, [], None)
@@ -310,6 +328,7 @@ def _train(config: Config, reporter: Reporter, overwrite: bool, resume: bool, di
     summary = summarize(config, history, before, after, wall(), s.folder.path)
     s.folder.write_summary(summary)
     draw_curves(s.folder.path)
+    trackers.close()
     reporter.end(summary)
     s.dist.barrier()
     return read_run(s.folder.path)
@@ -324,6 +343,27 @@ def draw_curves(path: Path) -> None:
         draw_runs([read_run(path)], path / "curves.png")
     except Exception as exc:  # noqa: BLE001
         warnings.warn(f"could not draw {path / 'curves.png'}: {exc}", stacklevel=2)
+def _eval_scalars(result: EvalResult) -> dict[str, Any]:
+    return {"eval_accuracy": result.accuracy, "eval_reward": result.reward_mean}
+
+
+def _log_samples(s: Session, reporter: Reporter) -> None:
+    """The step's sampled completions → completions.jsonl, and to the reporter when it shows them."""
+    if s.samples:
+        s.folder.log_completions(s.samples)
+        show = getattr(reporter, "completions", None)
+        if show is not None:
+            show(s.samples)
+
+
+@contextmanager
+def _close_on_error(trackers: Any) -> Iterator[None]:
+    """Close the trackers when the loop stops with an error; a finished run closes them at its end."""
+    try:
+        yield
+    except BaseException:
+        trackers.close()
+        raise
 
 
 def summarize(config: Config, history: list[dict[str, Any]], before: EvalResult | None,

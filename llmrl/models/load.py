@@ -38,6 +38,17 @@ def model_source(cfg: ModelConfig, show_progress: bool = True) -> tuple[str, str
     return (str(path) if looks_local else cfg.name), None
 
 
+CAUSAL_HEADS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+
+
+def check_causal(name: str, model: PreTrainedModel) -> None:
+    """Refuse a checkpoint saved as another kind of model (e.g. ...ForSequenceClassification):
+    AutoModelForCausalLM would load its body and silently put a random LM head on top."""
+    archs = getattr(model.config, "architectures", None) or []
+    if archs and not any(a.endswith(CAUSAL_HEADS) for a in archs):
+        raise ConfigError(f"Model '{name}' is a {archs[0]}, not a causal language model; its LM head would be random.")
+
+
 def load_base(cfg: ModelConfig, show_progress: bool = True) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The frozen causal LM and its tokenizer (left padding, a pad token guaranteed)."""
     source, gguf = model_source(cfg, show_progress)
@@ -46,9 +57,11 @@ def load_base(cfg: ModelConfig, show_progress: bool = True) -> tuple[PreTrainedM
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[cfg.dtype], **kwargs)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, KeyError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = f"missing entry {first}" if isinstance(exc, KeyError) else first
         raise ConfigError(f"Cannot load model '{cfg.name}' as a causal LM: {first}") from None
+    check_causal(cfg.name, model)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -79,7 +79,7 @@ class PolicyStack(nn.Module):
         if with_critic:
             self.peft.add_adapter("critic", lora_settings(lora))
             hidden = base.config.get_text_config().hidden_size
-            self.value_head = nn.Linear(hidden, 1, dtype=torch.float32, device=base.device)
+            self.value_head = nn.Linear(hidden, 1, dtype=at_least_float32(base.dtype), device=base.device)
             nn.init.zeros_(self.value_head.bias)
             nn.init.zeros_(self.value_head.weight)  # V ≡ 0 at the start: no random baseline noise
         self.peft.set_adapter("actor")
@@ -129,14 +129,21 @@ class PolicyStack(nn.Module):
         return out.last_hidden_state[:, seq.prompt_len - 1 : -1]
 
     def response_logits(self, seq: Sequences, temperature: float) -> Tensor:
-        """Logits of the response tokens divided by the temperature: (N, T, V), float32."""
+        """Logits of the response tokens divided by the temperature: (N, T, V), float32 (float64 for a
+        float64 model, which the exactness tests use)."""
         h = self.hidden(seq)
-        return self.lm.get_output_embeddings()(h).float() / temperature
+        logits = self.lm.get_output_embeddings()(h)
+        return logits.to(at_least_float32(logits.dtype)) / temperature
 
     def values(self, seq: Sequences) -> Tensor:
         """V(s_t) for every response position: value_head(h_t), (N, T). Call under `use('critic')`."""
         assert self.value_head is not None
-        return self.value_head(self.hidden(seq).float()).squeeze(-1)
+        return self.value_head(self.hidden(seq).to(self.value_head.weight.dtype)).squeeze(-1)
+
+
+def at_least_float32(dtype: torch.dtype) -> torch.dtype:
+    """float32 for half-precision and float32 models; float64 stays float64."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:

@@ -1,0 +1,61 @@
+"""`llmrl eval`: held-out accuracy of a model or a trained run, greedy and pass@k."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import ConfigError
+from ..model_eval import eval_model
+from .errors import friendly
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def render(report: dict[str, Any]) -> Table:
+    """The report as a rich table: one row per metric."""
+    table = Table(title=f"{report['evaluated']} on {report['task']} ({report['prompts']} held-out prompts)")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("accuracy (greedy)", _pct(report["greedy"]["accuracy"]))
+    table.add_row("mean reward (greedy)", f"{report['greedy']['reward_mean']:.4f}")
+    sampled = report.get("sampled")
+    if sampled:
+        how = f"{sampled['samples']} samples, T={sampled['temperature']:g}"
+        table.add_row(f"mean reward (sampled, {how})", f"{sampled['reward_mean']:.4f}")
+        for key in sorted((k for k in sampled if k.startswith("pass@")), key=lambda k: int(k[5:])):
+            table.add_row(key, _pct(sampled[key]))
+    return table
+
+
+@friendly
+def eval(  # noqa: A001 - the command is called `eval`
+    model: str = typer.Option(..., "--model", "-m", help="A run folder (its trained actor), a model folder, a hub id, a .gguf file or 'tiny'."),
+    task: Optional[str] = typer.Option(None, "--task", "-t", help="Built-in task. Default: the run's task (or arithmetic)."),
+    samples: int = typer.Option(4, "--samples", "-k", help="K sampled completions per prompt for pass@1 and pass@K (0: greedy only)."),
+    size: Optional[int] = typer.Option(None, "--size", "-n", help="Held-out prompts to score. Default: the run's eval.size."),
+    seed: int = typer.Option(0, "--seed", "-s", help="Seed of the sampled completions."),
+    temperature: Optional[float] = typer.Option(None, "--temperature", help="Sampling temperature. Default: the run's rollout.temperature."),
+    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Longest completion. Default: the run's rollout.max_new_tokens."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda or auto. Default: the run's model.device."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
+) -> None:
+    """Score a model on held-out prompts: greedy accuracy and mean reward, and pass@1 / pass@K
+    over K sampled completions per prompt (the unbiased estimator of Chen et al. 2021)."""
+    if samples < 0 or (size is not None and size < 1) or (temperature is not None and temperature <= 0) \
+            or (max_new_tokens is not None and max_new_tokens < 1):
+        raise ConfigError("--samples must be ≥ 0, --size and --max-new-tokens ≥ 1 and --temperature > 0.")
+    if device is not None and device not in ("cpu", "cuda", "auto"):
+        raise ConfigError(f"--device must be one of cpu, cuda, auto; got '{device}'.")
+    report = eval_model(model, task=task, samples=samples, size=size, seed=seed, temperature=temperature,
+                        max_new_tokens=max_new_tokens, device=device, show_progress=not as_json)
+    if as_json:
+        typer.echo(json.dumps(report))
+        return
+    Console().print(render(report))

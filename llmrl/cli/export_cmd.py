@@ -1,0 +1,28 @@
+"""`llmrl export`: a run's actor as a standalone model folder (or just its PEFT adapter)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from ..export import export_run
+from .errors import friendly
+
+
+@friendly
+def export(
+    run_dir: Path = typer.Argument(..., help="A run folder (finished, or stopped with a checkpoint)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Folder to write the model into."),
+    dtype: str = typer.Option("float32", "--dtype", help="Weights dtype of the export: float32, bfloat16 or float16."),
+    adapter_only: bool = typer.Option(False, "--adapter-only", help="Write only the actor's PEFT adapter, not merged weights."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace what is already in --out."),
+) -> None:
+    """Merge the run's actor adapter into the base weights and save a model that
+    `AutoModelForCausalLM.from_pretrained(OUT)` loads without llmrl or peft."""
+    done = export_run(run_dir, out, dtype=dtype, adapter_only=adapter_only, overwrite=overwrite)
+    what = "PEFT adapter" if done.kind == "adapter" else "merged model"
+    Console().print(f"Wrote the {what} ({done.dtype}, from the {done.source}) to [bold]{done.path}[/]")
+    if done.kind == "merged":
+        Console().print(f"Load it with: AutoModelForCausalLM.from_pretrained('{done.path}')")

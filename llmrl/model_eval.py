@@ -1,0 +1,101 @@
+"""eval_model: held-out accuracy of a model or a trained run, greedy and pass@k (what `llmrl eval` prints).
+
+    --model RUN_DIR      the run's base + its trained actor adapter (as the trainer evaluated it)
+    --model PATH|tiny    the plain model (adapters disabled: the reference role)
+
+The task comes from `--task`, else the run's own task, else the default task. `resolve_task` is
+the one place that turns the user's choice into a `Task`: a `--dataset FILE` option plugs in there
+(building the Task from the file, e.g. via a `task_from_config` of the datasets module) without
+touching the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import Config, load_config
+from .engine.evaluate import evaluate, evaluate_sampled
+from .models.from_run import load_actor
+from .models.load import load_base
+from .models.stack import PolicyStack
+from .run_folder import MARKER
+from .tasks import Task, get_task
+
+
+@dataclass
+class EvalTarget:
+    """The model to evaluate as a stack and a role: 'actor' for a run, 'reference' for a plain model."""
+
+    stack: PolicyStack
+    tokenizer: Any
+    role: str
+    config: Config
+    label: str
+    is_run: bool
+
+
+def load_target(model: str, *, device: str | None = None, show_progress: bool = False) -> EvalTarget:
+    """A run folder (has config.yaml) → its actor; anything else → the plain model `model`."""
+    path = Path(model).expanduser()
+    if (path / MARKER).is_file():
+        stack, tokenizer, config = load_actor(path, device=device, show_progress=show_progress)
+        return EvalTarget(stack, tokenizer, "actor", config, f"run {path} (actor)", True)
+    config = load_config(overrides={"model.name": model, "model.device": device})
+    base, tokenizer = load_base(config.model, show_progress=show_progress)
+    stack = PolicyStack(base, config.lora, with_critic=False)
+    return EvalTarget(stack, tokenizer, "reference", config, f"model {model}", False)
+
+
+def resolve_task(task: str | None, target: EvalTarget) -> Task:
+    """The evaluation task: `--task`, else the run's task (a run) or the default task (a model).
+
+    Seam for datasets: a `--dataset FILE` option becomes one more argument here and returns the
+    Task built from the file (the datasets module's `task_from_config`-like builder, given
+    `target.config` with the file set); a run trained on a dataset is evaluated on its own eval split
+    the same way, from `target.config`. Nothing else in `eval_model` or the CLI needs to change.
+    """
+    return get_task(task or target.config.task)
+
+
+def eval_model(
+    model: str,
+    *,
+    task: str | None = None,
+    samples: int = 4,
+    size: int | None = None,
+    seed: int = 0,
+    temperature: float | None = None,
+    max_new_tokens: int | None = None,
+    batch_size: int | None = None,
+    device: str | None = None,
+    show_progress: bool = False,
+) -> dict[str, Any]:
+    """Greedy accuracy and mean reward on the task's eval split (first `size` rows), and with
+    `samples` K > 0 the mean sampled reward, pass@1 and pass@K (unbiased, n = K). JSON-ready.
+
+    Defaults come from the run's config (or the default config for a plain model): eval.size,
+    rollout.max_new_tokens, rollout.temperature, rollout.top_p, eval.batch_size.
+    """
+    target = load_target(model, device=device, show_progress=show_progress)
+    cfg = target.config
+    chosen = resolve_task(task, target)
+    rows = chosen.eval[: cfg.eval.size if size is None else size]
+    n_new = max_new_tokens or cfg.rollout.max_new_tokens
+    batch = batch_size or cfg.eval.batch_size
+    greedy = evaluate(target.stack, target.tokenizer, rows, chosen.reward, max_new_tokens=n_new,
+                      success=chosen.success, batch_size=batch, role=target.role)
+    report: dict[str, Any] = {
+        "model": model, "evaluated": target.label, "task": chosen.name, "prompts": len(rows),
+        "greedy": {"accuracy": greedy.accuracy, "reward_mean": greedy.reward_mean},
+    }
+    if samples > 0:
+        temp = cfg.rollout.temperature if temperature is None else temperature
+        sampled = evaluate_sampled(target.stack, target.tokenizer, rows, chosen.reward, samples=samples,
+                                   max_new_tokens=n_new, temperature=temp, top_p=cfg.rollout.top_p, seed=seed,
+                                   success=chosen.success, batch_size=batch, role=target.role)
+        report["sampled"] = {"samples": samples, "temperature": temp, "seed": seed,
+                             "reward_mean": sampled.reward_mean,
+                             **{f"pass@{k}": v for k, v in sampled.pass_at.items()}}
+    return report

@@ -1,0 +1,103 @@
+"""The trained actor of a run folder: its base model plus the run's actor adapter.
+
+A finished run holds the actor as a PEFT adapter in `RUN/adapters/actor`; a run that was stopped
+or is still running has only checkpoints, whose `trainable.safetensors` holds the same weights
+under the stack's parameter names. `load_actor` reads whichever is newer into a `PolicyStack`
+(no critic), so `llmrl eval` and `llmrl export` see exactly the actor the trainer saw.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from peft import set_peft_model_state_dict
+from safetensors.torch import load_file
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ..checkpoint import list_checkpoints
+from ..config import Config, load_config
+from ..errors import LLMRLError
+from ..run_folder import MARKER
+from .load import load_base
+from .stack import PolicyStack
+
+ADAPTER_FILE = "adapter_model.safetensors"
+
+
+@dataclass(frozen=True)
+class ActorSource:
+    """Where the actor weights come from: the final adapter folder or a checkpoint's weights file."""
+
+    path: Path
+    kind: str  # "adapter" | "checkpoint"
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.path}"
+
+
+def run_config(run_dir: Path) -> Config:
+    """The resolved configuration a run was trained with (its config.yaml)."""
+    if not (run_dir / MARKER).is_file():
+        raise LLMRLError(f"'{run_dir}' is not a run folder (no {MARKER}).")
+    return load_config(run_dir / MARKER, {"out": str(run_dir)})
+
+
+def actor_source(run_dir: Path) -> ActorSource:
+    """The final adapter when the run finished, else its newest checkpoint."""
+    final = run_dir / "adapters" / "actor"
+    if (final / ADAPTER_FILE).is_file():
+        return ActorSource(final, "adapter")
+    found = list_checkpoints(run_dir)
+    if found:
+        return ActorSource(found[-1] / "trainable.safetensors", "checkpoint")
+    raise LLMRLError(f"'{run_dir}' has neither adapters/actor nor a checkpoint: the run saved no actor yet.")
+
+
+def _load_checkpoint_actor(stack: PolicyStack, path: Path) -> None:
+    """Copy a checkpoint's actor tensors (names with '.actor.') into a critic-less stack."""
+    saved = {k: v for k, v in load_file(str(path)).items() if ".actor." in k}
+    named = dict(stack.named_parameters())
+    wanted = {n for n in named if ".actor." in n}
+    if set(saved) != wanted:
+        raise LLMRLError(f"Checkpoint {path} does not match the run's model (actor parameters differ).")
+    with torch.no_grad():
+        for name, tensor in saved.items():
+            named[name].copy_(tensor)
+
+
+def _load_adapter_actor(stack: PolicyStack, folder: Path) -> None:
+    """Load a saved PEFT adapter's weights into the stack's `actor` adapter; every key must land."""
+    weights = load_file(str(folder / ADAPTER_FILE))
+    result = set_peft_model_state_dict(stack.peft, weights, adapter_name="actor")
+    missing = [k for k in result.missing_keys if ".actor." in k]
+    if result.unexpected_keys or missing:
+        raise LLMRLError(f"Adapter {folder} does not match the run's model ({len(missing)} missing, "
+                         f"{len(result.unexpected_keys)} unexpected tensors).")
+
+
+def load_actor(run_dir: Path, *, dtype: str | None = None, device: str | None = None,
+               show_progress: bool = False) -> tuple[PolicyStack, PreTrainedTokenizerBase, Config]:
+    """(stack with the run's trained `actor` adapter, tokenizer, the run's config).
+
+    `dtype`/`device` override the run's `model.dtype`/`model.device` (e.g. float32 for an exact
+    merge of a run trained in bfloat16).
+    """
+    config = run_config(run_dir)
+    model = replace(config.model, **{k: v for k, v in (("dtype", dtype), ("device", device)) if v})
+    source = actor_source(run_dir)
+    base, tokenizer = load_base(model, show_progress=show_progress)
+    stack = PolicyStack(base, config.lora, with_critic=False)
+    if source.kind == "adapter":
+        _load_adapter_actor(stack, source.path)
+    else:
+        _load_checkpoint_actor(stack, source.path)
+    stack.eval()
+    return stack, tokenizer, replace(config, model=model)
+
+
+def merge_actor(stack: PolicyStack) -> PreTrainedModel:
+    """base + actor folded into plain weights: W ← W + (α/r)·B·A for each LoRA layer, and every
+    `modules_to_save` copy (e.g. trained norms) replaces its original. The stack is consumed."""
+    return stack.peft.merge_and_unload(adapter_names=["actor"])

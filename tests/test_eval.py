@@ -1,0 +1,126 @@
+"""`llmrl eval`: greedy accuracy equals what the trainer measured; pass@k is the unbiased estimator."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from math import comb
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from llmrl import load_config, read_run, train
+from llmrl.cli import app
+from llmrl.engine.evaluate import pass_at_k
+from llmrl.model_eval import eval_model
+from llmrl.tasks import TASKS, Task, get_task
+
+SMALL = ["rollout.prompts_per_step=8", "update.minibatch_size=4", "eval.size=12", "eval.every=0",
+         "update.lr_actor=1e-2", "rollout.max_new_tokens=4"]
+
+
+def _digit_share(prompts: list[str], completions: list[str], answer: list[str]) -> list[float]:
+    """Share of digits in the completion: a dense reward a random model earns too."""
+    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+
+
+def _digits() -> Task:
+    base = get_task("arithmetic")
+    return Task("digits", base.train, base.eval, _digit_share, success=0.5)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("eval") / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(TASKS, "digits", _digits)
+        train(load_config(overrides={"model.name": str(tiny_model_dir), "out": str(out), "steps": 3, "task": "digits"},
+                          sets=SMALL))
+    return out
+
+
+@pytest.fixture(autouse=True)
+def digits_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(TASKS, "digits", _digits)
+
+
+@pytest.mark.parametrize(
+    ("n", "c", "k", "expected"),
+    [
+        (4, 1, 1, 0.25),  # k = 1: c / n
+        (4, 2, 2, 5 / 6),  # 1 − C(2,2)/C(4,2) = 1 − 1/6
+        (5, 0, 3, 0.0),  # nothing correct
+        (5, 3, 3, 1.0),  # only 2 wrong: every 3-subset holds a correct one
+        (10, 1, 10, 1.0),  # k = n: any correct sample passes
+        (10, 3, 4, 1 - 35 / 210),  # 1 − C(7,4)/C(10,4)
+    ],
+)
+def test_pass_at_k_table(n: int, c: int, k: int, expected: float) -> None:
+    assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+
+
+def test_pass_at_k_is_the_chance_a_random_k_subset_holds_a_correct_sample() -> None:
+    for n in range(1, 8):
+        for c in range(n + 1):
+            samples = [True] * c + [False] * (n - c)
+            for k in range(1, n + 1):
+                subsets = list(itertools.combinations(samples, k))
+                brute = sum(any(s) for s in subsets) / comb(n, k)
+                assert pass_at_k(n, c, k) == pytest.approx(brute, abs=1e-12), (n, c, k)
+
+
+def test_run_eval_matches_what_the_trainer_measured(run_dir: Path, tiny_model_dir: Path) -> None:
+    summary = read_run(run_dir).summary
+    trained = eval_model(str(run_dir), samples=0)
+    assert trained["task"] == "digits" and trained["prompts"] == 12 and "sampled" not in trained
+    assert trained["greedy"]["reward_mean"] == pytest.approx(summary["eval_reward_after"], abs=1e-7)
+    assert trained["greedy"]["accuracy"] == pytest.approx(summary["eval_accuracy_after"], abs=1e-7)
+    # the plain base model is what the actor was before training
+    plain = eval_model(str(tiny_model_dir), task="digits", size=12, samples=0, max_new_tokens=4)
+    assert plain["greedy"]["reward_mean"] == pytest.approx(summary["eval_reward_before"], abs=1e-7)
+    assert plain["greedy"]["reward_mean"] != pytest.approx(trained["greedy"]["reward_mean"], abs=1e-4)
+
+
+def test_sampled_eval(run_dir: Path) -> None:
+    report = eval_model(str(run_dir), samples=4, size=12)
+    sampled = report["sampled"]
+    assert set(sampled) >= {"pass@1", "pass@4", "reward_mean"}
+    assert 0 < sampled["pass@1"] <= sampled["pass@4"] <= 1
+    # the per-row uniforms make the samples independent of the batch layout
+    assert eval_model(str(run_dir), samples=4, size=12, batch_size=5)["sampled"] == sampled
+    # another seed draws other samples
+    assert eval_model(str(run_dir), samples=4, size=12, seed=1)["sampled"]["reward_mean"] != sampled["reward_mean"]
+    # at a vanishing temperature sampling is greedy: pass@1 = pass@4 = greedy accuracy
+    cold = eval_model(str(run_dir), samples=4, size=12, temperature=1e-4)
+    assert cold["sampled"]["pass@1"] == cold["sampled"]["pass@4"] == cold["greedy"]["accuracy"]
+    assert cold["sampled"]["reward_mean"] == pytest.approx(cold["greedy"]["reward_mean"], abs=1e-6)
+
+
+def test_cli_eval_table_and_json(run_dir: Path) -> None:
+    runner = CliRunner()
+    table = runner.invoke(app, ["eval", "--model", str(run_dir), "--size", "6", "--samples", "3"], env={"COLUMNS": "150"})
+    assert table.exit_code == 0, table.stderr
+    assert "accuracy (greedy)" in table.stdout and "pass@1" in table.stdout and "pass@3" in table.stdout
+    js = runner.invoke(app, ["eval", "--model", str(run_dir), "--size", "6", "--samples", "3", "--json"])
+    assert js.exit_code == 0, js.stderr
+    report = json.loads(js.stdout)
+    assert report["prompts"] == 6 and report["sampled"]["samples"] == 3 and "pass@3" in report["sampled"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--samples", "-1"], "--samples must be ≥ 0"),
+        (["--task", "chess"], "Unknown task 'chess'; valid tasks: arithmetic"),
+        (["--device", "tpu"], "--device must be one of cpu, cuda, auto"),
+    ],
+)
+def test_cli_eval_bad_input(run_dir: Path, args: list[str], message: str) -> None:
+    result = CliRunner().invoke(app, ["eval", "--model", str(run_dir), *args])
+    assert result.exit_code == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cli_eval_missing_model(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["eval", "--model", str(tmp_path / "nothing")])
+    assert result.exit_code == 2 and "does not exist" in result.stderr
