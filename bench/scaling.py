@@ -1,6 +1,6 @@
 """Where a step's time goes: generation, scoring forwards, update — measured on random Llama models.
 
-    PYTHONPATH=. python bench/scaling.py [--steps 3] [--out bench/scaling.json]
+    PYTHONPATH=. python bench/scaling.py [--steps 3] [--device cpu|cuda] [--out bench/scaling.json]
 
 For each (model size, batch) it builds a random Llama with the char tokenizer (no hub), runs PPO
 steps of the engine with one CPU thread and times three phases per step:
@@ -60,10 +60,18 @@ def build(folder: Path, size: str) -> int:
     return sum(p.numel() for n, p in model.named_parameters() if "embed" not in n and "lm_head" not in n)
 
 
+def sync() -> None:
+    """Wait for queued GPU work, so a phase's time is its own."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def timed(timers: dict, name: str, fn):
     def wrapper(*args, **kwargs):
+        sync()
         t = time.perf_counter()
         out = fn(*args, **kwargs)
+        sync()
         timers[name] += time.perf_counter() - t
         if name == "generate":
             timers["N"], timers["P"], timers["T"] = args[1].shape[0], args[1].shape[1], out.response_ids.shape[1]
@@ -71,7 +79,7 @@ def timed(timers: dict, name: str, fn):
     return wrapper
 
 
-def measure(size: str, prompts: int, steps: int, root: Path) -> dict:
+def measure(size: str, prompts: int, steps: int, root: Path, device: str = "cpu") -> dict:
     folder = root / size
     if not folder.exists():
         build(folder, size)
@@ -79,7 +87,7 @@ def measure(size: str, prompts: int, steps: int, root: Path) -> dict:
     config = load_config(overrides={
         "model.name": str(folder), "algo": "ppo", "steps": steps + 1, "out": str(root / f"run-{size}-{prompts}"),
         "rollout.prompts_per_step": prompts, "rollout.max_new_tokens": 16, "update.minibatch_size": prompts,
-        "eval.size": 0, "threads": 1})
+        "eval.size": 0, "threads": 1, "model.device": device})
     s = trainer_mod.setup(config, NullReporter(), overwrite=True)
     rows = []
     for step in range(steps + 1):
@@ -118,12 +126,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--out", default="bench/scaling.json")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     args = ap.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         rows = []
         for size, prompts in RUNS:
-            rows.append(measure(size, prompts, args.steps, Path(tmp)))
+            rows.append(measure(size, prompts, args.steps, Path(tmp), args.device))
             r = rows[-1]
             print(f"{size} ({r['n_params'] / 1e6:.2f} M) N={r['N']:.0f} P={r['P']:.0f} T={r['T']:.1f}: "
                   f"generate {r['generate_s']:.3f} s, score {r['score_s']:.3f} s, update {r['update_s']:.3f} s, "
