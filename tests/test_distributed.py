@@ -100,7 +100,7 @@ def test_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path, name: str
         assert one.summary[key] == two.summary[key], key
 
 
-def test_a_dying_rank_stops_the_run_and_keeps_the_checkpoint(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_a_dying_rank_stops_the_run_and_a_2_process_resume_finishes_it(tiny_model_dir: Path, tmp_path: Path) -> None:
     # rank 1's reward calls: 1 = eval before training (sharded), 2 = step 1, 3 = step 2, 4 = step 3 → dies
     settings = {**COMMON, **CASES["ppo"], "checkpoint.every": 1, "dist.timeout_s": 60}
     proc = _launch("nproc", tiny_model_dir, tmp_path / "r", "dist_dying", 5, settings,
@@ -112,10 +112,20 @@ def test_a_dying_rank_stops_the_run_and_keeps_the_checkpoint(tiny_model_dir: Pat
     assert not (tmp_path / "r" / "summary.json").exists()
     assert [p.name for p in list_checkpoints(tmp_path / "r")] == ["step-000001", "step-000002"]
     assert [r["step"] for r in read_run(tmp_path / "r").metrics] == [1, 2]
-    # the checkpoint is whole: a 1-process resume continues it to the end
-    config = load_config(tmp_path / "r" / "config.yaml", {"out": str(tmp_path / "r")})
-    run = train(config, resume=True)
-    assert [r["step"] for r in run.metrics] == [1, 2, 3, 4, 5]
+    # the checkpoint is whole: a 2-process resume continues it to the end, and the result equals
+    # an uninterrupted 1-process run (same reward, no death)
+    resumed = subprocess.run([sys.executable, "-m", "llmrl", "train", "--resume", str(tmp_path / "r"), "--nproc", "2"],
+                             env=_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Resuming after step 2" in resumed.stdout
+    _single(tiny_model_dir, tmp_path / "one", "dist_digits", 5, settings)
+    one, two = read_run(tmp_path / "one").metrics, read_run(tmp_path / "r").metrics
+    assert [{k: r[k] for k in EXACT} for r in two] == [{k: r[k] for k in EXACT} for r in one]
+    for role in ("actor", "critic"):
+        a = load_file(tmp_path / "one" / "adapters" / role / "adapter_model.safetensors")
+        b = load_file(tmp_path / "r" / "adapters" / role / "adapter_model.safetensors")
+        for k in a:
+            torch.testing.assert_close(b[k], a[k], atol=1e-5, rtol=0)
 
 
 def test_prompts_per_step_must_split_over_the_processes(tiny_model_dir: Path, tmp_path: Path) -> None:
