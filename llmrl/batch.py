@@ -25,6 +25,7 @@ class RolloutBatch:
     values          (N, T) V_old(s_t) from the critic; None when the estimator needs no critic
     scores          (N,)   reward of each response
     baseline_scores (N,)   reward of the greedy response to the same prompt (ReMax); else None
+    reward_parts    {label: (N,)} each term of a weighted reward (scores = Σ weight · term); else None
     group_size      G
     prompt_index    (N,) long, the dataset index of each row's prompt
     """
@@ -40,6 +41,7 @@ class RolloutBatch:
     values: Tensor | None = None
     scores: Tensor | None = None
     baseline_scores: Tensor | None = None
+    reward_parts: dict[str, Tensor] | None = None
 
     @property
     def rows(self) -> int:

@@ -3,15 +3,14 @@
     --model RUN_DIR      the run's base + its trained actor adapter (as the trainer evaluated it)
     --model PATH|tiny    the plain model (adapters disabled: the reference role)
 
-The task comes from `--task`, else the run's own task, else the default task. `resolve_task` is
-the one place that turns the user's choice into a `Task`: a `--dataset FILE` option plugs in there
-(building the Task from the file, e.g. via a `task_from_config` of the datasets module) without
-touching the rest.
+The prompts come from `--dataset FILE` (every row of it), else `--task`, else the run's own task
+or dataset (its eval split, with its rewards), else the default task. `resolve_task` is the one
+place that turns the user's choice into a `Task`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from .models.from_run import load_actor
 from .models.load import load_base
 from .models.stack import PolicyStack
 from .run_folder import MARKER
-from .tasks import Task, get_task
+from .tasks import Task, task_from_config
 
 
 @dataclass
@@ -48,21 +47,31 @@ def load_target(model: str, *, device: str | None = None, show_progress: bool = 
     return EvalTarget(stack, tokenizer, "reference", config, f"model {model}", False)
 
 
-def resolve_task(task: str | None, target: EvalTarget) -> Task:
-    """The evaluation task: `--task`, else the run's task (a run) or the default task (a model).
+def resolve_task(task: str | None, target: EvalTarget, dataset: str | None = None,
+                 reward: str | None = None) -> Task:
+    """The evaluation task.
 
-    Seam for datasets: a `--dataset FILE` option becomes one more argument here and returns the
-    Task built from the file (the datasets module's `task_from_config`-like builder, given
-    `target.config` with the file set); a run trained on a dataset is evaluated on its own eval split
-    the same way, from `target.config`. Nothing else in `eval_model` or the CLI needs to change.
+    `dataset`: every row of that file (or hub dataset) is an eval row, scored by `reward` or, for a
+    run, by the run's own `reward.functions`. `task`: a built-in task. Neither: the run's own task
+    or dataset split (`task_from_config` of its config), or the default task for a plain model.
     """
-    return get_task(task or target.config.task)
+    cfg = target.config
+    if reward is not None:
+        cfg = replace(cfg, reward=replace(cfg.reward, functions=[reward]))
+    if dataset is not None:
+        cfg = replace(cfg, data=replace(cfg.data, dataset=dataset, eval_dataset=dataset))
+    elif task is not None:  # the task's own reward unless --reward names one
+        cfg = replace(cfg, task=task, data=replace(cfg.data, dataset=None, eval_dataset=None),
+                      reward=cfg.reward if reward is not None else replace(cfg.reward, functions=None))
+    return task_from_config(cfg)
 
 
 def eval_model(
     model: str,
     *,
     task: str | None = None,
+    dataset: str | None = None,
+    reward: str | None = None,
     samples: int = 4,
     size: int | None = None,
     seed: int = 0,
@@ -80,7 +89,7 @@ def eval_model(
     """
     target = load_target(model, device=device, show_progress=show_progress)
     cfg = target.config
-    chosen = resolve_task(task, target)
+    chosen = resolve_task(task, target, dataset, reward)
     rows = chosen.eval[: cfg.eval.size if size is None else size]
     n_new = max_new_tokens or cfg.rollout.max_new_tokens
     batch = batch_size or cfg.eval.batch_size

@@ -173,3 +173,17 @@ def test_micro_batches_report_the_minibatch_statistics(tiny_model_dir: Path, tmp
     for key in ("policy_loss", "entropy", "clip_frac", "approx_kl", "value_loss", "actor_grad_norm"):
         assert split.metrics[0][key] == pytest.approx(whole.metrics[0][key], abs=1e-6), key
     assert whole.metrics[0]["entropy"] > 1.0
+
+
+def test_nproc_forwards_every_option_given(monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    from llmrl.cli import app
+
+    seen: dict = {}
+    monkeypatch.setattr(sys.modules["llmrl.cli.train"], "launch", lambda n, args: seen.update(n=n, args=args))
+    result = CliRunner().invoke(app, ["train", "--nproc", "2", "-a", "grpo", "--set", "a=1", "--set", "b=2", "--overwrite",
+                                      "--report-to", "tensorboard", "--dataset", "x.jsonl", "-n", "3", "-o", "runs/x"])
+    assert result.exit_code == 0, result.output
+    assert seen == {"n": 2, "args": ["--algo", "grpo", "--dataset", "x.jsonl", "--steps", "3", "--out", "runs/x",
+                                     "--set", "a=1", "--set", "b=2", "--overwrite", "--report-to", "tensorboard"]}

@@ -124,3 +124,27 @@ def test_cli_eval_bad_input(run_dir: Path, args: list[str], message: str) -> Non
 def test_cli_eval_missing_model(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["eval", "--model", str(tmp_path / "nothing")])
     assert result.exit_code == 2 and "does not exist" in result.stderr
+
+
+def test_eval_on_a_dataset_file_equals_the_same_rows_as_a_task(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """--dataset FILE scores every row of the file with --reward: the arithmetic eval rows written to
+    a JSONL file and scored with the exact_match built-in give exactly the task's numbers."""
+    rows = get_task("arithmetic").eval[:10]
+    data = tmp_path / "sums.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["eval", "--model", str(tiny_model_dir), "--size", "10", "--samples", "2", "--json"]
+    from_task = CliRunner().invoke(app, [*args, "--task", "arithmetic"])
+    from_file = CliRunner().invoke(app, [*args, "--dataset", str(data), "--reward", "exact_match"])
+    assert from_task.exit_code == 0 and from_file.exit_code == 0, (from_task.stderr, from_file.stderr)
+    a, b = json.loads(from_task.stdout), json.loads(from_file.stdout)
+    assert (b["task"], b["prompts"]) == ("sums", 10)
+    assert b["greedy"] == a["greedy"] and b["sampled"] == a["sampled"]
+
+
+def test_eval_dataset_needs_a_reward_and_excludes_task(tiny_model_dir: Path, tmp_path: Path) -> None:
+    data = tmp_path / "q.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    no_reward = CliRunner().invoke(app, ["eval", "--model", str(tiny_model_dir), "--dataset", str(data)])
+    assert no_reward.exit_code == 2 and "needs a reward" in no_reward.stderr
+    both = CliRunner().invoke(app, ["eval", "--model", str(tiny_model_dir), "--dataset", str(data), "--task", "arithmetic"])
+    assert both.exit_code == 2 and "not both" in both.stderr

@@ -38,6 +38,8 @@ def render(report: dict[str, Any]) -> Table:
 def eval(  # noqa: A001 - the command is called `eval`
     model: str = typer.Option(..., "--model", "-m", help="A run folder (its trained actor), a model folder, a hub id, a .gguf file or 'tiny'."),
     task: Optional[str] = typer.Option(None, "--task", "-t", help="Built-in task. Default: the run's task (or arithmetic)."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="Score every row of this .jsonl/.csv/.parquet file (or `datasets` hub name) instead of a task."),
+    reward: Optional[str] = typer.Option(None, "--reward", help="Reward for --dataset rows: exact_match, numeric, format, length_penalty, module:function or file.py:function. Default: the run's rewards."),
     samples: int = typer.Option(4, "--samples", "-k", help="K sampled completions per prompt for pass@1 and pass@K (0: greedy only)."),
     size: Optional[int] = typer.Option(None, "--size", "-n", help="Held-out prompts to score. Default: the run's eval.size."),
     seed: int = typer.Option(0, "--seed", "-s", help="Seed of the sampled completions."),
@@ -53,7 +55,9 @@ def eval(  # noqa: A001 - the command is called `eval`
         raise ConfigError("--samples must be ≥ 0, --size and --max-new-tokens ≥ 1 and --temperature > 0.")
     if device is not None and device not in ("cpu", "cuda", "auto"):
         raise ConfigError(f"--device must be one of cpu, cuda, auto; got '{device}'.")
-    report = eval_model(model, task=task, samples=samples, size=size, seed=seed, temperature=temperature,
+    if dataset is not None and task is not None:
+        raise ConfigError("Give --task or --dataset, not both.")
+    report = eval_model(model, task=task, dataset=dataset, reward=reward, samples=samples, size=size, seed=seed, temperature=temperature,
                         max_new_tokens=max_new_tokens, device=device, show_progress=not as_json)
     if as_json:
         typer.echo(json.dumps(report))

@@ -8,24 +8,28 @@ nodes are launched with `torchrun` directly (see docs/scaling.md).
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from ..errors import ConfigError, LLMRLError
 
 
-def train_args(algo: str | None, recipe: object, model: str | None, task: str | None, steps: int | None,
-               seed: int | None, out: object, sets: list[str] | None, overwrite: bool, resume: object,
-               report_to: list[str] | None = None) -> list[str]:
-    """The `llmrl train` arguments that reproduce these options (without --nproc)."""
+def forwarded_args(ctx: Any, skip: str = "nproc") -> list[str]:
+    """The command's options as given (every option whose value is not its default), in a form that
+    parses back to the same values; without the `skip` option. `ctx` is the command's typer.Context."""
     args: list[str] = []
-    for flag, value in (("--algo", algo), ("--recipe", recipe), ("--model", model), ("--task", task),
-                        ("--steps", steps), ("--seed", seed), ("--out", out), ("--resume", resume)):
-        if value is not None:
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if param.name == skip or param.param_type_name != "option" or value is None or value == param.default:
+            continue
+        flag = param.opts[0]
+        if param.is_flag:
+            args += [flag] if value else []
+        elif param.multiple:
+            for item in value:
+                args += [flag, str(item)]
+        else:
             args += [flag, str(value)]
-    for item in sets or []:
-        args += ["--set", item]
-    for item in report_to or []:
-        args += ["--report-to", item]
-    return args + (["--overwrite"] if overwrite else [])
+    return args
 
 
 def launch(nproc: int, args: list[str]) -> None:

@@ -12,15 +12,18 @@ from ..errors import ConfigError
 from ..engine.trainer import train as run_training
 from .display import RichReporter
 from .errors import friendly
-from .launch import launch, train_args
+from .launch import forwarded_args, launch
 
 
 @friendly
 def train(
+    ctx: typer.Context,
     algo: Optional[str] = typer.Option(None, "--algo", "-a", help="Algorithm preset: ppo, grpo, rloo, remax, reinforce, reinforce_baseline, a2c, dr_grpo (see `llmrl algos`). Default: ppo."),
     recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help="YAML recipe file (see recipes/)."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="'tiny' (built-in), a Hugging Face hub id, a local folder or a .gguf file."),
     task: Optional[str] = typer.Option(None, "--task", "-t", help="Built-in task. Default: arithmetic."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="Prompts from a .jsonl/.csv/.parquet file or a `datasets` hub name (a 'prompt' column; other columns reach the reward). Used instead of --task."),
+    reward: Optional[str] = typer.Option(None, "--reward", help="Reward: exact_match, numeric, format, length_penalty, module:function, file.py:function or a reward-model folder (several, weighted: reward.functions in a recipe)."),
     steps: Optional[int] = typer.Option(None, "--steps", "-n", help="Training steps (one rollout batch each)."),
     seed: Optional[int] = typer.Option(None, "--seed", "-s", help="Seed of every random choice in the run."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run folder. Default: runs/<algo>-<task>-<time>."),
@@ -36,10 +39,10 @@ def train(
     in a few minutes, and prints held-out accuracy before → after.
     """
     if nproc > 1:
-        launch(nproc, train_args(algo, recipe, model, task, steps, seed, out, sets, overwrite, resume, report_to))
+        launch(nproc, forwarded_args(ctx))
         return
     if resume is not None:
-        if any(v is not None for v in (algo, recipe, model, task, seed, out)) or sets or overwrite or report_to:
+        if any(v is not None for v in (algo, recipe, model, task, dataset, reward, seed, out)) or sets or overwrite or report_to:
             raise ConfigError("--resume continues a run with its own settings; only --steps may be given with it.")
         if not (resume / "config.yaml").is_file():
             raise ConfigError(f"'{resume}' is not a run folder (no config.yaml); nothing to resume.")
@@ -47,7 +50,8 @@ def train(
         run_training(config, RichReporter(), resume=True)
         return
     overrides = {"algo": algo, "model.name": model, "task": task, "steps": steps, "seed": seed,
-                 "out": str(out) if out else None,
+                 "out": str(out) if out else None, "data.dataset": dataset,
+                 "reward.functions": [reward] if reward else None,
                  "log.report_to": [n.strip() for item in report_to for n in item.split(",") if n.strip()] if report_to else None}
     config = load_config(recipe, overrides, sets)
     run_training(config, RichReporter(), overwrite=overwrite)

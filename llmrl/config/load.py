@@ -74,6 +74,8 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
             return None
         inner = [a for a in args if a is not type(None)]
         return coerce(key, value, inner[0])
+    if origin is list and typing.get_args(tp)[:1] != (str,):
+        return _coerce_specs(key, value)
     if origin is list:
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
@@ -91,6 +93,24 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
     if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
         raise ConfigError(f"'{key}' must be {_type_name(tp)}, got {value!r}.")
     return value
+
+
+def _coerce_specs(key: str, value: Any) -> list[dict[str, Any]]:
+    """A list of mappings (e.g. reward specs); a bare string 'a,b' or a string item 'a' is {'name': 'a'}."""
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(value, Mapping):
+        value = [value]
+    if not isinstance(value, list):
+        raise ConfigError(f"'{key}' must be a list of names or mappings, got {value!r}.")
+    out = []
+    for item in value:
+        if isinstance(item, str):
+            item = {"name": item}
+        if not isinstance(item, Mapping) or not all(isinstance(k, str) for k in item):
+            raise ConfigError(f"'{key}' must be a list of names or mappings, got item {item!r}.")
+        out.append(dict(item))
+    return out
 
 
 def check_bounds(key: str, value: Any, meta: Mapping[str, Any]) -> None:

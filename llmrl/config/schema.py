@@ -119,6 +119,34 @@ class LogConfig:
 
 
 @dataclass(frozen=True)
+class DataConfig:
+    dataset: str | None = opt(
+        None, "prompts from a local .jsonl/.csv/.parquet file or a `datasets` hub name (used instead of `task`)"
+    )
+    split: str = opt("train", "split of a hub dataset to train on")
+    eval_dataset: str | None = opt(None, "held-out prompts from this file or hub name; default: hold out data.eval_fraction")
+    eval_fraction: float = opt(0.1, "share of the dataset held out for evaluation when no eval_dataset is given", min=0, max=0.9)
+    split_seed: int = opt(1234, "seed of the fixed train/eval shuffle (independent of the run's seed)", min=0)
+    prompt_column: str = opt("prompt", "column holding the prompt: a string or a list of {role, content} messages")
+    max_rows: int | None = opt(None, "use only the first N rows of the dataset (and of eval_dataset)", min=1)
+    chat_template: str = opt(
+        "auto", "'auto': apply the tokenizer's chat template when it has one; 'on': require one; 'off': raw text prompts",
+        choices=("auto", "on", "off"),
+    )
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    functions: list[dict[str, Any]] | None = opt(
+        None, "rewards summed with weights, e.g. [{name: numeric, weight: 1.0}, {name: my.mod:fn, weight: 0.5}, "
+        "{model: reward-model-folder, weight: 0.2}]; names: exact_match, numeric, format, length_penalty, "
+        "module:function, file.py:function; default: the task's own reward",
+    )
+    success: float = opt(1.0, "with reward.functions: a completion counts as correct when its total reward ≥ this")
+    batch_size: int = opt(16, "completions per forward pass of a reward model", min=1)
+
+
+@dataclass(frozen=True)
 class DistConfig:
     timeout_s: float = opt(
         600.0, "torchrun runs: seconds a process waits for the others in a collective before the run stops", gt=0
@@ -145,4 +173,6 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     dist: DistConfig = field(default_factory=DistConfig)

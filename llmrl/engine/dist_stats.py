@@ -2,7 +2,8 @@
 
 Each rank holds N/W rows; the logged means are Σ over ranks of the sums divided by Σ of the counts:
 
-    reward_mean  = mean of the gathered (N,) scores (the very tensor one process would average)
+    reward_mean  = mean of the gathered (N,) scores (the very tensor one process would average);
+                   likewise each reward/<part> of a weighted sum of rewards
     kl           = Σ_i Σ_t k1_it / N
     tokens       = Σ m                               response_len = tokens / N
     adv_mean     = Σ m·A / Σ m                       adv_std     = sqrt((Σ m·A² − Σm·mean²) / (Σ m − 1))
@@ -50,6 +51,7 @@ def global_row(dist: DistContext, batch: RolloutBatch, out: EstimatorOutput) -> 
     var = (a_sq - tokens * mean * mean) / (tokens - 1) if tokens > 1 else 0.0
     return {
         "reward_mean": dist.gather_rows(batch.scores).mean().item(),
+        **{f"reward/{k}": dist.gather_rows(v).mean().item() for k, v in sorted((batch.reward_parts or {}).items())},
         "zero_advantage": nonzero == 0,
         "adv_mean": mean,
         "adv_std": max(var, 0.0) ** 0.5,

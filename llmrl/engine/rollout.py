@@ -15,8 +15,9 @@ from transformers import PreTrainedTokenizerBase
 
 from ..batch import RolloutBatch
 from ..config.schema import RolloutConfig
+from ..models.prompts import Prompt, tokenize_prompts
 from ..models.stack import PolicyStack, layout, token_logprobs
-from .rewards import score
+from .rewards import score, score_parts
 from .sampling import generate, row_uniforms
 
 
@@ -29,9 +30,9 @@ class RolloutPlan:
     greedy: bool  # baseline_scores from a greedy response (ReMax)
 
 
-def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], device: torch.device) -> tuple[Tensor, Tensor]:
-    """Left-padded (ids, bool mask), both (N, P)."""
-    enc = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=True)
+def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Prompt], device: torch.device) -> tuple[Tensor, Tensor]:
+    """Left-padded (ids, bool mask), both (N, P); chat templates are applied here (`models/prompts.py`)."""
+    enc = tokenize_prompts(tokenizer, prompts, return_tensors="pt", padding=True)
     return enc.input_ids.to(device), enc.attention_mask.to(device).bool()
 
 
@@ -93,7 +94,8 @@ def rollout(
             batch.values = torch.where(gen.response_mask, v, torch.zeros_like(v))
     completions = decode(tokenizer, gen.response_ids, gen.response_mask)
     expanded = [r for r in rows for _ in range(g)]
-    batch.scores = score(reward_fn, expanded, completions).to(device)
+    scores, parts = score_parts(reward_fn, expanded, completions)
+    batch.scores, batch.reward_parts = scores.to(device), parts or None
     if plan.greedy:
         batch.baseline_scores = greedy_scores(stack, tokenizer, rows, cfg, reward_fn).repeat_interleave(g).to(device)
     batch.validate()

@@ -35,9 +35,10 @@ from ..estimators import EstimatorSpec, get_estimator, import_user_module
 from ..kl_control import KLController
 from ..memory import peak_device_mib, peak_rss_mib, role_costs
 from ..models.load import load_base
+from ..models.prompts import apply_chat_setting, tokenize_prompts
 from ..models.stack import PolicyStack
 from ..run_folder import ReaderFolder, RunFolder, read_run, Run
-from ..tasks import Task, get_task
+from ..tasks import Task, task_from_config
 from .advantages import estimate, sequence_kl, shape_rewards
 from .completions import due, sample_rows
 from .data import PromptSampler, stream_digest
@@ -70,7 +71,8 @@ class Session:
 
 
 def default_out(config: Config) -> Path:
-    return Path("runs") / f"{config.algo}-{config.task}-{datetime.now():%Y%m%d-%H%M%S}"
+    task = Path(config.data.dataset).stem if config.data.dataset else config.task
+    return Path("runs") / f"{config.algo}-{task}-{datetime.now():%Y%m%d-%H%M%S}"
 
 
 def seed_everything(seed: int) -> None:
@@ -91,16 +93,17 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
           dist: DistContext = SINGLE) -> Session:
     """Load the task and model, build the stack and optimizers, create (or reopen) the run folder."""
     spec = resolve_estimator(config)
-    task = get_task(config.task)
     if config.rollout.prompts_per_step % dist.world_size:
         raise ConfigError(f"'rollout.prompts_per_step' ({config.rollout.prompts_per_step}) must be divisible by "
                           f"the number of processes ({dist.world_size}).")
+    task = dist.main_first(lambda: task_from_config(config), local=True)  # a dataset or reward model fills caches once
     path = dist.broadcast_object(Path(config.out) if config.out else default_out(config))
     folder = dist.main_only(lambda: RunFolder.open(path) if resume else RunFolder.create(path, overwrite))
     folder = folder if folder is not None else ReaderFolder(path)
     if config.threads:
         torch.set_num_threads(config.threads)
     base, tokenizer = dist.main_first(lambda: load_base(config.model, show_progress=reporter.interactive), local=True)
+    apply_chat_setting(tokenizer, config.data.chat_template, config.model.name)
     seed_everything(config.seed)
     stack = PolicyStack(base, config.lora, with_critic=spec.needs.critic)
     dist.broadcast_parameters([p for role in stack.trainable_roles() for p in stack.parameters_of(role)])
@@ -126,7 +129,7 @@ def check_context(task: Task, tokenizer: PreTrainedTokenizerBase, model_config: 
     if not limit:
         return
     for split, rows in (("train", task.train), ("eval", task.eval)):
-        lengths = [len(ids) for ids in tokenizer([r["prompt"] for r in rows], add_special_tokens=True).input_ids]
+        lengths = [len(ids) for ids in tokenize_prompts(tokenizer, [r["prompt"] for r in rows]).input_ids]
         for i, n in enumerate(lengths):
             if n + max_new_tokens > limit:
                 raise ConfigError(
@@ -184,6 +187,7 @@ def train_step(s: Session, step: int) -> dict[str, Any]:
     row = {
         "step": step + 1,
         "reward_mean": batch.scores.mean().item(),
+        **{f"reward/{k}": v.mean().item() for k, v in (batch.reward_parts or {}).items()},
         "kl": kl,
         "beta": beta,
         **stats,
@@ -374,7 +378,7 @@ def summarize(config: Config, history: list[dict[str, Any]], before: EvalResult 
     return {
         "algo": config.algo,
         "estimator": config.estimator.name,
-        "task": config.task,
+        "task": config.data.dataset or config.task,
         "model": config.model.name,
         "seed": config.seed,
         "steps": len(history),

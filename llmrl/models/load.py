@@ -22,16 +22,17 @@ def resolve_device(name: str) -> torch.device:
 
 
 def model_source(cfg: ModelConfig, show_progress: bool = True) -> tuple[str, str | None]:
-    """(folder or hub id, gguf file name or None); `tiny` is built and cached on first use."""
+    """(folder or hub id, gguf file name or None); `tiny` is built and cached on first use, and a
+    `.gguf` file is loaded through its cached plain copy (so the second element is None today)."""
     if cfg.name == "tiny":
         from .tiny import ensure_tiny
 
         return str(ensure_tiny(show_progress=show_progress)), None
     path = Path(cfg.name).expanduser()
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise ConfigError(f"Model file '{path}' does not exist.")
-        return str(path.parent), path.name
+    if path.suffix == ".gguf":  # de-quantised once into a cached safetensors copy (models/gguf.py)
+        from .gguf import plain_copy
+
+        return str(plain_copy(path, trust_remote_code=cfg.trust_remote_code)), None
     looks_local = path.is_absolute() or cfg.name.startswith((".", "~")) or path.exists()
     if looks_local and not (path / "config.json").is_file():
         raise ConfigError(f"Model folder '{path}' does not exist or has no config.json.")

@@ -2,15 +2,24 @@
 
 A reward function is a plain callable `reward(prompts, completions, **columns) -> list[float]`
 returning one float per completion; `columns` are the dataset's other columns, row-aligned.
+A prompt is a string or a list of chat messages `{role, content}` (`models/prompts.py` renders it).
+
+`task_from_config` is what a run uses: the rows of `data.dataset` (or of the built-in `task`) and
+the reward of `reward.functions` (or the built-in task's own reward).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import ConfigError
-from . import arithmetic
+from ..rewards.builtin import numeric
+from . import arithmetic, chat_sum
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 RewardFn = Callable[..., Sequence[float]]
 
@@ -33,10 +42,45 @@ def _arithmetic() -> Task:
     return Task("arithmetic", rows(train), rows(held_out), arithmetic.exact_match)
 
 
-TASKS: dict[str, Callable[[], Task]] = {"arithmetic": _arithmetic}
+def _chat_sum() -> Task:
+    train, held_out = chat_sum.splits()
+    return Task("chat_sum", train, held_out, numeric)
+
+
+TASKS: dict[str, Callable[[], Task]] = {"arithmetic": _arithmetic, "chat_sum": _chat_sum}
 
 
 def get_task(name: str) -> Task:
     if name not in TASKS:
         raise ConfigError(f"Unknown task '{name}'; valid tasks: {', '.join(TASKS)}.")
     return TASKS[name]()
+
+
+def task_from_config(config: "Config") -> Task:
+    """The run's task: dataset rows or a built-in task, with the configured rewards when given."""
+    if config.data.dataset:
+        from .dataset import dataset_splits
+
+        train, held_out = dataset_splits(config.data)
+        task = Task(Path(config.data.dataset).stem or config.data.dataset, train, held_out, _no_reward)
+        source = config.data.dataset
+    else:
+        task = get_task(config.task)
+        source = f"task {config.task}"
+    if not config.reward.functions:
+        if task.reward is _no_reward:
+            raise ConfigError("A dataset needs a reward: pass --reward NAME or set reward.functions "
+                              "(built-ins: exact_match, numeric, format, length_penalty).")
+        return task
+    from ..models.load import DTYPES, resolve_device
+    from ..rewards import build_reward
+
+    columns = {k for row in task.train[:1] + task.eval[:1] for k in row if k != "prompt"}
+    reward = build_reward(config.reward.functions, columns=columns, source=source,
+                          device=resolve_device(config.model.device), dtype=DTYPES[config.model.dtype],
+                          batch_size=config.reward.batch_size, trust_remote_code=config.model.trust_remote_code)
+    return replace(task, reward=reward, success=config.reward.success)
+
+
+def _no_reward(prompts: Sequence[Any], completions: Sequence[str], **columns: Any) -> list[float]:
+    raise AssertionError("a dataset task has no reward of its own")

@@ -1,0 +1,71 @@
+"""Built-in reward functions: `fn(prompts, completions, **options_and_columns) -> list[float]`.
+
+Each takes the prompts and completions (row-aligned lists), its options (from the recipe entry)
+and the dataset's other columns as keyword arguments, and returns one float per completion.
+
+| name           | value for one completion c                                                  |
+|----------------|-----------------------------------------------------------------------------|
+| exact_match    | 1 if c.strip() == str(answer).strip() else 0                                 |
+| numeric        | 1 if |last_number(c) − last_number(answer)| ≤ tolerance else 0 (0 if none)   |
+| format         | 1 if the regex `pattern` matches c (`match`: search anywhere, or full) else 0 |
+| length_penalty | −min(1, max(0, len(c) − target) / target): 0 up to `target` characters,      |
+|                | falling linearly to −1 at 2·target                                          |
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Sequence
+
+# Signed integers or decimals, with optional thousands separators: "-3", "1,234", "2.5" (a sentence's
+# final full stop is not a decimal point: "19." reads as 19).
+NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+
+
+def last_number(text: Any) -> float | None:
+    """The last number written in `text` (a number is returned as is), or None when there is none."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return float(text)
+    found = NUMBER.findall(str(text))
+    return float(found[-1].replace(",", "")) if found else None
+
+
+def _answers(columns: dict[str, Any], column: str) -> Sequence[Any]:
+    if column not in columns:
+        raise KeyError(f"the dataset has no '{column}' column")
+    return columns[column]
+
+
+def exact_match(prompts: Sequence[Any], completions: Sequence[str], column: str = "answer", **columns: Any) -> list[float]:
+    """1.0 when the completion, stripped, equals the `column` value as a string, stripped; else 0.0."""
+    answers = _answers(columns, column)
+    return [1.0 if c.strip() == str(a).strip() else 0.0 for c, a in zip(completions, answers, strict=True)]
+
+
+def numeric(prompts: Sequence[Any], completions: Sequence[str], column: str = "answer", tolerance: float = 1e-6,
+            **columns: Any) -> list[float]:
+    """1.0 when the last number in the completion equals the `column` value (its last number) within
+    `tolerance`; 0.0 otherwise, and when the completion holds no number."""
+    out = []
+    for c, a in zip(completions, _answers(columns, column), strict=True):
+        got, want = last_number(c), last_number(a)
+        out.append(1.0 if got is not None and want is not None and math.isclose(got, want, rel_tol=0, abs_tol=tolerance) else 0.0)
+    return out
+
+
+def format(prompts: Sequence[Any], completions: Sequence[str], pattern: str = "", match: str = "search",
+           **columns: Any) -> list[float]:
+    """1.0 when the regex matches (re.DOTALL: '.' spans lines); `match` is 'search' (anywhere) or 'full'."""
+    rx = re.compile(pattern, re.DOTALL)
+    test = rx.fullmatch if match == "full" else rx.search
+    return [1.0 if test(c) else 0.0 for c in completions]
+
+
+def length_penalty(prompts: Sequence[Any], completions: Sequence[str], target: int = 100, **columns: Any) -> list[float]:
+    """−min(1, max(0, len(c) − target) / target) with lengths in characters."""
+    return [-min(1.0, max(0, len(c) - target) / target) for c in completions]
+
+
+BUILTINS = {"exact_match": exact_match, "numeric": numeric, "format": format, "length_penalty": length_penalty}
+COLUMN_READERS = ("exact_match", "numeric")  # built-ins that read a dataset column (option `column`)

@@ -1,0 +1,63 @@
+"""A reward model: any `AutoModelForSequenceClassification` (hub id or folder), frozen.
+
+Each completion is scored on the text prompt + completion:
+  - a string prompt: `prompt + completion`;
+  - a chat prompt: the reward model's chat template over the messages plus
+    `{role: assistant, content: completion}` when its tokenizer has one, else the message contents
+    joined by newlines, a newline, then the completion.
+The score is the logit when the model has one label (the usual reward-model head), else the
+softmax probability of the last label (e.g. 'positive'). Texts are scored in batches of
+`reward.batch_size`, right-padded and truncated from the left (the completion is kept).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from ..errors import ConfigError
+
+
+class RewardModel:
+    """Callable `rm(prompts, completions, **columns) -> list[float]` over a frozen classifier."""
+
+    def __init__(self, source: str, device: torch.device, dtype: torch.dtype = torch.float32,
+                 batch_size: int = 16, trust_remote_code: bool = False) -> None:
+        self.source, self.batch_size, self.device = source, batch_size, device
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+            self.model = AutoModelForSequenceClassification.from_pretrained(
+                source, dtype=dtype, trust_remote_code=trust_remote_code)
+        except (OSError, ValueError, KeyError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ConfigError(f"Cannot load reward model '{source}' as a sequence classifier: {first}") from None
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token or self.tokenizer.unk_token
+        self.model.config.pad_token_id = self.tokenizer.pad_token_id
+        self.tokenizer.padding_side, self.tokenizer.truncation_side = "right", "left"
+        self.max_length = getattr(self.model.config, "max_position_embeddings", None)
+        self.model.to(device).eval()
+        self.model.requires_grad_(False)
+
+    def text(self, prompt: Any, completion: str) -> str:
+        """What the reward model reads for one (prompt, completion) pair (see the module docstring)."""
+        if isinstance(prompt, str):
+            return prompt + completion
+        if getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template(
+                [*prompt, {"role": "assistant", "content": completion}], tokenize=False)
+        return "\n".join(m["content"] for m in prompt) + "\n" + completion
+
+    @torch.no_grad()
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **columns: Any) -> list[float]:
+        texts = [self.text(p, c) for p, c in zip(prompts, completions, strict=True)]
+        out: list[float] = []
+        for start in range(0, len(texts), self.batch_size):
+            enc = self.tokenizer(texts[start:start + self.batch_size], return_tensors="pt", padding=True,
+                                 truncation=self.max_length is not None, max_length=self.max_length)
+            logits = self.model(**enc.to(self.device)).logits.float()
+            scores = logits[:, 0] if logits.shape[-1] == 1 else logits.softmax(-1)[:, -1]
+            out += scores.tolist()
+        return out

@@ -1,0 +1,244 @@
+"""Rewards: the built-ins (hand-computed tables), user functions by module or file, a reward
+model, weighted sums logged per term, and every way a reward can be wrong."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, LlamaConfig, LlamaForSequenceClassification
+from typer.testing import CliRunner
+
+from llmrl import load_config
+from llmrl.checkpoint import list_checkpoints
+from llmrl.cli import app
+from llmrl.engine.rewards import RewardFailed, score, score_parts
+from llmrl.errors import ConfigError
+from llmrl.models.tokenizer import build_char_tokenizer
+from llmrl.rewards import build_reward
+from llmrl.rewards.builtin import exact_match, format, last_number, length_penalty, numeric
+from llmrl.rewards.model import RewardModel
+
+CPU = torch.device("cpu")
+USER_MODULE = '''
+NOT_CALLABLE = 3
+
+def length(prompts, completions, **columns):
+    return [float(len(c)) for c in completions]
+
+def with_answer(prompts, completions, answer, scale=1.0):
+    return [scale * float(c == a) for c, a in zip(completions, answer)]
+
+def boom(prompts, completions, **columns):
+    raise ValueError("bad reward")
+
+def nan(prompts, completions, **columns):
+    return [float("nan")] * len(completions)
+
+def short(prompts, completions, **columns):
+    return [0.0]
+'''
+
+
+def _build(*specs, columns=frozenset({"answer"})):
+    return build_reward(list(specs), columns=set(columns), source="test.jsonl", device=CPU)
+
+
+@pytest.fixture()
+def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """`myrewards` importable as a module, and the same code as a file."""
+    path = tmp_path / "myrewards.py"
+    path.write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return path
+
+
+# --- built-ins ---------------------------------------------------------------------------------
+
+def test_numeric_reads_the_last_number() -> None:
+    completions = ["7 + 12 = 19.", "The answer is 19", "19 is not 7+12", "no number", "It is 1,234", "-3", "2.50", "19"]
+    answers = ["19", "19", "19", "19", "1234", "-3", "2.5", 19]
+    # last numbers: 19, 19, 12, none, 1234, -3, 2.5, 19
+    assert numeric([""] * 8, completions, answer=answers) == [1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+    assert last_number("x 3, 4.") == 4.0 and last_number("none") is None and last_number(7) == 7.0
+    assert numeric(["", ""], ["q 5", "q 6"], column="sol", sol=["#### 5", "5"]) == [1.0, 0.0]
+
+
+def test_exact_match_format_and_length_penalty_tables() -> None:
+    assert exact_match([""] * 4, [" 19 ", "19.", "x", "19"], answer=["19", "19", "x", 19]) == [1.0, 0.0, 1.0, 1.0]
+    assert format(["", ""], ["a1", "ab"], pattern=r"\d+") == [1.0, 0.0]
+    assert format(["", "", ""], ["12", "a12", "a\nb"], pattern=r"\d+|a.b", match="full") == [1.0, 0.0, 1.0]
+    # target 4: lengths 0, 4, 5, 6, 8, 12 → 0, 0, −1/4, −2/4, −4/4, −1 (clipped)
+    got = length_penalty([""] * 6, ["", "abcd", "abcde", "abcdef", "a" * 8, "a" * 12], target=4)
+    assert got == [0.0, 0.0, -0.25, -0.5, -1.0, -1.0]
+
+
+# --- resolving names ---------------------------------------------------------------------------
+
+def test_module_and_file_functions_with_options_and_columns(user_module: Path) -> None:
+    reward = _build({"name": "myrewards:with_answer", "scale": 2.0, "weight": 0.5},
+                    {"name": f"{user_module}:length", "label": "len"})
+    rows = [{"prompt": "p", "answer": "ab", "id": 1}, {"prompt": "p", "answer": "x", "id": 2}]
+    total, parts = score_parts(reward, rows, ["ab", "xyz"])
+    # with_answer ignores 'id' (it takes no **kwargs): [2·1, 2·0]; length: [2, 3]; total 0.5·w + 1·len
+    assert parts["myrewards:with_answer"].tolist() == [2.0, 0.0] and parts["len"].tolist() == [2.0, 3.0]
+    assert total.tolist() == [3.0, 3.0]
+    assert score(reward, rows, ["ab", "xyz"]).tolist() == [3.0, 3.0]
+
+
+def test_duplicate_labels_get_a_suffix() -> None:
+    reward = _build({"name": "format", "pattern": "1"}, {"name": "format", "pattern": "2", "weight": 2})
+    total, parts = score_parts(reward, [{"prompt": "p", "answer": "1"}] * 2, ["1", "2"])
+    assert list(parts) == ["format", "format_2"] and total.tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("nosuch", "Reward 'nosuch' is not a built-in (exact_match, numeric, format, length_penalty), a 'module:function'"),
+        ("no_such_module_xyz:fn", "Cannot import reward module 'no_such_module_xyz': No module named 'no_such_module_xyz'."),
+        ("/nonexistent/r.py:fn", "Reward file '/nonexistent/r.py' does not exist."),
+        ("myrewards:nope", "Reward 'myrewards:nope': 'myrewards' has no function 'nope'."),
+        ("myrewards:NOT_CALLABLE", "'NOT_CALLABLE' in 'myrewards' is not callable."),
+        ({"name": "numeric", "colum": "x"}, "Reward 'numeric' has no option 'colum'; its options: column, tolerance."),
+        ({"name": "myrewards:with_answer", "scal": 1}, "has no option 'scal'; its options: answer, scale."),
+        ({"name": "format"}, "Reward 'format' needs a 'pattern' option (a regular expression)."),
+        ({"name": "format", "pattern": "("}, "Reward 'format': pattern '(' is not a valid regular expression"),
+        ({"name": "format", "pattern": "a", "match": "all"}, "'match' must be search or full, got 'all'."),
+        ({"name": "length_penalty", "target": 0}, "'target' must be a positive whole number of characters, got 0."),
+        ({"name": "numeric", "weight": "x"}, "'weight' must be a finite number."),
+        ({"name": "numeric", "model": "x"}, "needs exactly one of 'name' or 'model'"),
+        ({"weight": 1}, "needs exactly one of 'name' or 'model'"),
+        ({"model": "/nonexistent/rm"}, "Cannot load reward model '/nonexistent/rm' as a sequence classifier"),
+    ],
+)
+def test_bad_reward_entries_are_config_errors(user_module: Path, spec, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _build(spec)
+    assert message in str(info.value)
+
+
+def test_missing_column_and_file_that_raises_on_import(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"Reward 'numeric' reads column 'answer', which 'test.jsonl' does not have "
+                                          r"\(columns: solution\); set its 'column' option."):
+        _build("numeric", columns={"solution"})
+    bad = tmp_path / "broken.py"
+    bad.write_text("raise RuntimeError('no import')\n")
+    with pytest.raises(ConfigError, match=r"Importing reward file '.*broken.py' raised RuntimeError: no import."):
+        _build(f"{bad}:f")
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [("boom", "raised ValueError: bad reward"), ("nan", "returned NaN or infinity"), ("short", "returned 1 values for 2")],
+)
+def test_a_failing_term_is_named(user_module: Path, name: str, message: str) -> None:
+    reward = _build("numeric", f"myrewards:{name}")
+    with pytest.raises(RewardFailed, match=f"Reward function 'myrewards:{name}' {message}"):
+        score(reward, [{"prompt": "p", "answer": "1"}] * 2, ["1", "2"])
+
+
+def test_config_accepts_names_and_mappings(tmp_path: Path) -> None:
+    cfg = load_config(sets=["reward.functions=numeric,length_penalty"])
+    assert cfg.reward.functions == [{"name": "numeric"}, {"name": "length_penalty"}]
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("reward:\n  functions:\n    - {name: format, pattern: '^\\d+$', weight: 0.2}\n    - numeric\n")
+    cfg = load_config(recipe)
+    assert cfg.reward.functions == [{"name": "format", "pattern": r"^\d+$", "weight": 0.2}, {"name": "numeric"}]
+    with pytest.raises(ConfigError, match="'reward.functions' must be a list of names or mappings, got 3."):
+        load_config(overrides={"reward.functions": 3})
+
+
+# --- reward model ------------------------------------------------------------------------------
+
+def _save_classifier(path: Path, num_labels: int) -> Path:
+    tok = build_char_tokenizer()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64, num_labels=num_labels,
+                      pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    LlamaForSequenceClassification(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def rm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _save_classifier(tmp_path_factory.mktemp("rm"), 1)
+
+
+def _one_by_one(path: Path, texts: list[str], label: int = 0, softmax: bool = False) -> list[float]:
+    model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+    tok = build_char_tokenizer()
+    out = []
+    with torch.no_grad():
+        for text in texts:
+            logits = model(**tok(text, return_tensors="pt")).logits[0]
+            out.append(float(logits.softmax(-1)[label] if softmax else logits[label]))
+    return out
+
+
+def test_reward_model_scores_prompt_plus_completion_batched_and_frozen(rm_dir: Path) -> None:
+    rm = RewardModel(str(rm_dir), CPU, batch_size=2)
+    prompts, completions = ["1+2=", "10+20=", "3+3=", "7+8=", "1+1="], ["3", "30", "6 ", "15", "22222"]
+    got = rm(prompts, completions)
+    want = _one_by_one(rm_dir, [p + c for p, c in zip(prompts, completions)])
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=1e-5, rtol=0)  # padding changes nothing
+    assert len(set(round(v, 6) for v in got)) == 5  # a random head still tells the texts apart
+    assert not any(p.requires_grad for p in rm.model.parameters()) and not rm.model.training
+    # as a config entry: {model: folder}, or a bare folder name; labelled by the folder's name
+    for spec in ({"model": str(rm_dir), "weight": 2.0}, str(rm_dir)):
+        reward = _build(spec)
+        total, parts = score_parts(reward, [{"prompt": p, "answer": ""} for p in prompts], completions)
+        assert list(parts) == [f"model:{rm_dir.name}"]
+        torch.testing.assert_close(parts[f"model:{rm_dir.name}"], torch.tensor(want), atol=1e-5, rtol=0)
+
+
+def test_reward_model_with_two_labels_gives_the_last_labels_probability(tmp_path: Path) -> None:
+    path = _save_classifier(tmp_path / "rm2", 2)
+    got = RewardModel(str(path), CPU)(["1+2=", "4+4="], ["3", "9"])
+    want = _one_by_one(path, ["1+2=3", "4+4=9"], label=1, softmax=True)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=1e-5, rtol=0)
+
+
+# --- through the command line ------------------------------------------------------------------
+
+FLAKY = '''
+CALLS = [0]
+
+def flaky(prompts, completions, answer):
+    CALLS[0] += 1
+    if CALLS[0] > 3:  # call 1: eval before training; calls 2-3: steps 1-2; step 3 breaks
+        raise ZeroDivisionError("boom")
+    return [float(c.strip() == a) for c, a in zip(completions, answer)]
+'''
+
+
+def test_reward_that_raises_stops_the_real_cli_after_a_checkpoint(tiny_model_dir: Path, tmp_path: Path) -> None:
+    reward_file = tmp_path / "flaky.py"
+    reward_file.write_text(FLAKY)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "llmrl", "train", "--model", str(tiny_model_dir), "--reward", f"{reward_file}:flaky",
+           "--steps", "5", "--out", str(out), "--set", "rollout.prompts_per_step=4", "--set", "update.minibatch_size=4",
+           "--set", "eval.size=4", "--set", "eval.every=0", "--set", "checkpoint.every=100"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 1, proc.stderr
+    err = proc.stderr.strip()
+    assert err.startswith(f"error: Reward function '{reward_file}:flaky' raised ZeroDivisionError: boom.")
+    assert f"continue with: llmrl train --resume {out}" in err and "Traceback" not in proc.stderr + proc.stdout
+    assert [p.name for p in list_checkpoints(out)] == ["step-000002"]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(f"reward/{reward_file}:flaky" in r for r in rows)
+
+
+def test_unknown_reward_is_refused_before_the_run(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["train", "--reward", "no_such_module_xyz:fn", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == ("error: Cannot import reward module 'no_such_module_xyz': "
+                                     "No module named 'no_such_module_xyz'.")
+    assert not (tmp_path / "r").exists()
