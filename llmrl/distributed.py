@@ -271,6 +271,10 @@ def init(device: str, timeout_s: float) -> DistContext:
 
 
 def shutdown(ctx: DistContext) -> None:
+    """Leave the process group; decoding is no longer kept in step with other ranks (fsdp.py)."""
+    from .engine import sampling  # late: sampling imports the model stack
+
+    sampling.LOCKSTEP = None
     if ctx.active and dist.is_initialized():
         dist.destroy_process_group()
 

@@ -43,6 +43,8 @@ def make_optimizers(stack: PolicyStack, cfg: UpdateConfig) -> dict[str, torch.op
     return opts
 
 
+# the statistics each loss returns; a data-parallel update sums exactly these over ranks (a rank
+# holding no row of a minibatch has none to report), so a new statistic is added here too
 ACTOR_STATS = ("policy_loss", "entropy", "clip_frac", "approx_kl")
 CRITIC_STATS = ("value_loss",)
 
