@@ -21,7 +21,9 @@ class RoleCost:
 
 
 def _size(params: list[torch.Tensor]) -> tuple[int, int]:
-    return sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params)
+    """(elements, bytes) held by this process: a parameter sharded with FSDP2 counts its local shard."""
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
+    return sum(p.numel() for p in local), sum(p.numel() * p.element_size() for p in local)
 
 
 def role_costs(stack: PolicyStack) -> list[RoleCost]:

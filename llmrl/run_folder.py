@@ -151,3 +151,24 @@ def read_run(path: str | Path) -> Run:
     summary_file = p / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
     return Run(p, config, metrics, summary)
+
+
+class ReaderFolder(RunFolder):
+    """The run folder as seen by the processes of a data-parallel run other than rank 0: they read
+    it (to resume) but never write to it; rank 0 alone writes config, metrics, completions, models
+    and summary."""
+
+    def truncate_metrics(self, steps: int) -> None:
+        pass
+
+    def write_config(self, config: Config) -> None:
+        pass
+
+    def _append(self, name: str, lines: list[str]) -> None:  # metrics.jsonl, completions.jsonl
+        pass
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        pass
+
+    def save_models(self, stack: PolicyStack) -> None:
+        pass

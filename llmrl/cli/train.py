@@ -12,10 +12,12 @@ from ..errors import ConfigError
 from ..engine.trainer import train as run_training
 from .display import RichReporter
 from .errors import friendly
+from .launch import forwarded_args, launch
 
 
 @friendly
 def train(
+    ctx: typer.Context,
     algo: Optional[str] = typer.Option(None, "--algo", "-a", help="Algorithm preset: ppo, grpo, rloo, remax, reinforce, reinforce_baseline, a2c, dr_grpo (see `llmrl algos`). Default: ppo."),
     recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help="YAML recipe file (see recipes/)."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="'tiny' (built-in), a Hugging Face hub id, a local folder or a .gguf file."),
@@ -29,12 +31,16 @@ def train(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run already in --out."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this folder from its newest checkpoint (with --steps to extend it)."),
     report_to: Optional[list[str]] = typer.Option(None, "--report-to", help="Also send metrics to: tensorboard (RUN/tensorboard), wandb (repeatable or comma-separated; key log.report_to)."),
+    nproc: int = typer.Option(1, "--nproc", min=1, help="Data-parallel processes on this machine: relaunches the command under torchrun (same results as 1 process)."),
 ) -> None:
     """Train a model with RL: rollout → reward → advantage → update, for --steps steps.
 
     With no options it trains the built-in tiny model on two-digit addition with PPO, on the CPU,
     in a few minutes, and prints held-out accuracy before → after.
     """
+    if nproc > 1:
+        launch(nproc, forwarded_args(ctx))
+        return
     if resume is not None:
         if any(v is not None for v in (algo, recipe, model, task, dataset, reward, seed, out)) or sets or overwrite or report_to:
             raise ConfigError("--resume continues a run with its own settings; only --steps may be given with it.")

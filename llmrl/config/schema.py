@@ -147,6 +147,16 @@ class RewardConfig:
 
 
 @dataclass(frozen=True)
+class DistConfig:
+    timeout_s: float = opt(
+        600.0, "torchrun runs: seconds a process waits for the others in a collective before the run stops", gt=0
+    )
+    shard_base: bool = opt(
+        False, "torchrun runs: shard the frozen base model's decoder layers over the processes with FSDP2 (fully_shard)"
+    )
+
+
+@dataclass(frozen=True)
 class Config:
     algo: str = opt("ppo", "algorithm preset (see `llmrl algos`)")
     task: str = opt("arithmetic", "built-in task providing prompts and a reward")
@@ -165,3 +175,4 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    dist: DistConfig = field(default_factory=DistConfig)

@@ -7,6 +7,7 @@ from torch import Tensor
 
 from ..batch import RolloutBatch
 from ..config.schema import EstimatorConfig, KLConfig
+from ..distributed import SINGLE, DistContext
 from ..estimators import EstimatorInput, EstimatorOutput, EstimatorSpec
 from ..losses import kl_penalty
 from ..ops import last_token_index, masked_sum, whiten
@@ -32,8 +33,11 @@ def shape_rewards(batch: RolloutBatch, beta: float, kl: KLConfig) -> Tensor:
     return torch.where(batch.response_mask, rewards, torch.zeros_like(rewards))
 
 
-def estimate(spec: EstimatorSpec, batch: RolloutBatch, token_rewards: Tensor, cfg: EstimatorConfig) -> EstimatorOutput:
-    """Run the estimator on the batch; whiten the advantages over the batch when asked."""
+def estimate(spec: EstimatorSpec, batch: RolloutBatch, token_rewards: Tensor, cfg: EstimatorConfig,
+             dist: DistContext = SINGLE) -> EstimatorOutput:
+    """Run the estimator on the batch; whiten the advantages over the batch when asked (over the
+    global batch of every rank in a data-parallel run: estimators themselves are per row or per
+    group, and a group never spans ranks)."""
     out = spec.fn(
         EstimatorInput(
             token_rewards=token_rewards,
@@ -47,7 +51,8 @@ def estimate(spec: EstimatorSpec, batch: RolloutBatch, token_rewards: Tensor, cf
         )
     )
     if cfg.whiten:
-        out = EstimatorOutput(whiten(out.advantages, batch.response_mask), out.returns, out.stats)
+        white = dist.whiten(out.advantages, batch.response_mask) if dist.active else whiten(out.advantages, batch.response_mask)
+        out = EstimatorOutput(white, out.returns, out.stats)
     return out
 
 

@@ -17,6 +17,15 @@ from ..models.stack import PolicyStack
 
 _MIX = (1_000_003, 10_007, 101, 7)
 
+# Set by fsdp.shard_base (a DistContext): with a sharded base every forward is a collective, so
+# decoding stops only when every row of every process is done. None: stop when this batch is done.
+LOCKSTEP = None
+
+
+def _all_done(done: Tensor) -> bool:
+    finished = bool(done.all())
+    return finished if LOCKSTEP is None else not LOCKSTEP.any(not finished)
+
 
 def row_uniforms(seed: int, step: int, prompt_index: Tensor, sample_index: Tensor, n: int) -> Tensor:
     """(N, n) uniforms in [0, 1); row i depends only on (seed, step, prompt_index[i], sample_index[i])."""
@@ -89,7 +98,7 @@ def generate(
         masks.append(~done)
         tokens.append(token)
         done = done | (token == eos_id)
-        if bool(done.all()) or t == max_new_tokens - 1:
+        if _all_done(done) or t == max_new_tokens - 1:
             break
         attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
         position = position + 1

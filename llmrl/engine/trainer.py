@@ -8,6 +8,9 @@
         β       = kl_controller.update(KL)
 
 The loop never names an algorithm: `setup` reads the estimator's `needs` into a `RolloutPlan`.
+
+Under torchrun with W > 1 processes (../distributed.py) every rank runs this loop on its B/W
+prompts of each step; the hooks are `s.dist` calls, all identities in a single-process run.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from ..config import Config
+from ..distributed import SINGLE, DistContext, distributed
 from ..checkpoint import list_checkpoints, load_checkpoint, restore_rng, rng_state, save_checkpoint
 from ..errors import ConfigError, LLMRLError, RunFailed
 from ..estimators import EstimatorSpec, get_estimator, import_user_module
@@ -33,16 +37,17 @@ from ..memory import peak_device_mib, peak_rss_mib, role_costs
 from ..models.load import load_base
 from ..models.prompts import apply_chat_setting, tokenize_prompts
 from ..models.stack import PolicyStack
-from ..run_folder import RunFolder, read_run, Run
+from ..run_folder import ReaderFolder, RunFolder, read_run, Run
 from ..tasks import Task, task_from_config
 from .advantages import estimate, sequence_kl, shape_rewards
 from .completions import due, sample_rows
 from .data import PromptSampler, stream_digest
+from .dist_stats import global_kl, global_row
 from .evaluate import EvalResult, evaluate
 from .reporting import NullReporter, Reporter
 from .rollout import RolloutPlan, rollout
 from .signals import graceful_stop
-from .trackers import check_available, open_trackers
+from .trackers import Trackers, check_available, open_trackers
 from .update import Targets, make_optimizers, update
 
 
@@ -61,6 +66,7 @@ class Session:
     sampler: PromptSampler
     folder: RunFolder
     generator: torch.Generator
+    dist: DistContext = SINGLE  # this process's place in a data-parallel run
     samples: list[dict[str, Any]] = field(default_factory=list)  # completions sampled by the last step
 
 
@@ -83,18 +89,28 @@ def resolve_estimator(config: Config) -> EstimatorSpec:
     return spec
 
 
-def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: bool = False) -> Session:
+def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: bool = False,
+          dist: DistContext = SINGLE) -> Session:
     """Load the task and model, build the stack and optimizers, create (or reopen) the run folder."""
     spec = resolve_estimator(config)
-    task = task_from_config(config)
-    path = Path(config.out) if config.out else default_out(config)
-    folder = RunFolder.open(path) if resume else RunFolder.create(path, overwrite)
+    if config.rollout.prompts_per_step % dist.world_size:
+        raise ConfigError(f"'rollout.prompts_per_step' ({config.rollout.prompts_per_step}) must be divisible by "
+                          f"the number of processes ({dist.world_size}).")
+    task = dist.main_first(lambda: task_from_config(config), local=True)  # a dataset or reward model fills caches once
+    path = dist.broadcast_object(Path(config.out) if config.out else default_out(config))
+    folder = dist.main_only(lambda: RunFolder.open(path) if resume else RunFolder.create(path, overwrite))
+    folder = folder if folder is not None else ReaderFolder(path)
     if config.threads:
         torch.set_num_threads(config.threads)
-    base, tokenizer = load_base(config.model, show_progress=reporter.interactive)
+    base, tokenizer = dist.main_first(lambda: load_base(config.model, show_progress=reporter.interactive), local=True)
     apply_chat_setting(tokenizer, config.data.chat_template, config.model.name)
     seed_everything(config.seed)
     stack = PolicyStack(base, config.lora, with_critic=spec.needs.critic)
+    dist.broadcast_parameters([p for role in stack.trainable_roles() for p in stack.parameters_of(role)])
+    if config.dist.shard_base:
+        from ..fsdp import shard_base  # late: only runs that ask for it
+
+        dist = shard_base(stack, dist)
     check_context(task, tokenizer, base.config, config.rollout.max_new_tokens)
     plan = RolloutPlan(reference=config.kl.beta > 0, critic=spec.needs.critic, greedy=spec.needs.greedy)
     if not resume:
@@ -103,7 +119,7 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
         config, task, tokenizer, stack, spec, plan, make_optimizers(stack, config.update),
         KLController(config.kl.beta, config.kl.adaptive, config.kl.target, config.kl.horizon),
         PromptSampler(len(task.train), config.rollout.prompts_per_step, config.seed), folder,
-        torch.Generator().manual_seed(config.seed + 1),
+        torch.Generator().manual_seed(config.seed + 1), dist,
     )
 
 
@@ -126,8 +142,24 @@ def run_eval(s: Session) -> EvalResult | None:
     rows = s.task.eval[: s.config.eval.size]
     if not rows:
         return None
+    if s.dist.active and not s.dist.lockstep:  # with a sharded base every rank evaluates every row
+        return run_eval_sharded(s, rows)
     return evaluate(s.stack, s.tokenizer, rows, s.task.reward, max_new_tokens=s.config.rollout.max_new_tokens,
                     success=s.task.success, batch_size=s.config.eval.batch_size)
+
+
+def run_eval_sharded(s: Session, rows: list[dict[str, Any]]) -> EvalResult:
+    """Each rank evaluates rows[r::W]; accuracy and mean reward are summed over ranks, the
+    completions gathered back into the rows' order."""
+    w, r = s.dist.world_size, s.dist.rank
+    mine = rows[r::w]
+    res = s.dist.agree(lambda: evaluate(s.stack, s.tokenizer, mine, s.task.reward,
+                                        max_new_tokens=s.config.rollout.max_new_tokens,
+                                        success=s.task.success, batch_size=s.config.eval.batch_size))
+    correct, total = s.dist.sum_floats([round(res.accuracy * len(mine)), res.reward_mean * len(mine)])
+    parts = s.dist.gather_objects(res.completions)
+    completions = [parts[i % w][i // w] for i in range(len(rows))]
+    return EvalResult(correct / len(rows), total / len(rows), completions)
 
 
 def train_step(s: Session, step: int) -> dict[str, Any]:
@@ -135,22 +167,24 @@ def train_step(s: Session, step: int) -> dict[str, Any]:
     started = time.perf_counter()
     cfg = s.config
     index = s.sampler.indices(step)
-    rows = [s.task.train[i] for i in index.tolist()]
-    batch, completions = rollout(s.stack, s.tokenizer, rows, index, cfg=cfg.rollout, plan=s.plan,
-                                 reward_fn=s.task.reward, seed=cfg.seed, step=step)
+    mine = index[s.dist.shard(len(index))]  # this rank's prompts (all of them in a single process)
+    rows = [s.task.train[i] for i in mine.tolist()]
+    batch, completions = s.dist.agree(lambda: rollout(s.stack, s.tokenizer, rows, mine, cfg=cfg.rollout, plan=s.plan,
+                                                      reward_fn=s.task.reward, seed=cfg.seed, step=step))
+    # the batch's first rows are rank 0's first rows: rank 0 logs the same samples as one process
     s.samples = (sample_rows(step + 1, rows, completions, batch.scores, batch.group_size, cfg.log.completions_rows)
-                 if due(step + 1, cfg.log.completions_every) else [])
+                 if s.dist.is_main and due(step + 1, cfg.log.completions_every) else [])
     beta = s.kl.beta
-    out = estimate(s.spec, batch, shape_rewards(batch, beta, cfg.kl), cfg.estimator)
+    out = estimate(s.spec, batch, shape_rewards(batch, beta, cfg.kl), cfg.estimator, s.dist)
     stats = update(s.stack, s.opts, batch, Targets(out.advantages, out.returns), cfg.update, cfg.kl,
-                   beta, cfg.rollout.temperature, s.generator)
-    kl = sequence_kl(batch)
+                   beta, cfg.rollout.temperature, s.generator, s.dist)
+    kl = global_kl(s.dist, batch) if s.dist.active else sequence_kl(batch)
     if kl is not None:
-        s.kl.update(kl, batch.rows)
+        s.kl.update(kl, batch.rows * s.dist.world_size)
     assert batch.scores is not None
     n_tokens = int(batch.response_mask.sum())
     adv = out.advantages[batch.response_mask]
-    return {
+    row = {
         "step": step + 1,
         "reward_mean": batch.scores.mean().item(),
         **{f"reward/{k}": v.mean().item() for k, v in (batch.reward_parts or {}).items()},
@@ -167,6 +201,9 @@ def train_step(s: Session, step: int) -> dict[str, Any]:
         "prompt_digest": f"{stream_digest(step * cfg.rollout.prompts_per_step, index):016x}",
         "step_time_s": time.perf_counter() - started,
     }
+    if s.dist.active:
+        row.update(global_row(s.dist, batch, out))
+    return row
 
 
 def _state(s: Session, step: int, before: EvalResult | None, elapsed: float) -> dict[str, Any]:
@@ -177,6 +214,7 @@ def _state(s: Session, step: int, before: EvalResult | None, elapsed: float) -> 
         "kl": s.kl.state_dict(),
         "generator": s.generator.get_state(),
         "rng": rng_state(),
+        **({"rng_by_rank": s.dist.gather_objects(rng_state())} if s.dist.active else {}),
         "eval_before": None if before is None else {"accuracy": before.accuracy, "reward_mean": before.reward_mean},
         "elapsed_s": elapsed,
     }
@@ -184,7 +222,7 @@ def _state(s: Session, step: int, before: EvalResult | None, elapsed: float) -> 
 
 def _restore(s: Session) -> tuple[int, EvalResult | None, float]:
     """Load the newest checkpoint into the session: (completed steps, eval-before, elapsed seconds)."""
-    found = list_checkpoints(s.folder.path)
+    found = s.dist.broadcast_object(list_checkpoints(s.folder.path))
     if not found:
         raise LLMRLError(f"'{s.folder.path}' has no checkpoint to resume from; start it again with --overwrite.")
     state = load_checkpoint(found[-1], s.stack)
@@ -192,7 +230,8 @@ def _restore(s: Session) -> tuple[int, EvalResult | None, float]:
         opt.load_state_dict(state["optimizers"][role])
     s.kl.load_state_dict(state["kl"])
     s.generator.set_state(state["generator"])
-    restore_rng(state["rng"])
+    by_rank = state.get("rng_by_rank")  # a data-parallel run's per-process RNGs, when the world size matches
+    restore_rng(by_rank[s.dist.rank] if by_rank and len(by_rank) == s.dist.world_size else state["rng"])
     s.folder.truncate_metrics(state["step"])
     before = state["eval_before"]
     result = None if before is None else EvalResult(before["accuracy"], before["reward_mean"], [])
@@ -204,11 +243,24 @@ def train(config: Config, reporter: Reporter | None = None, overwrite: bool = Fa
 
     With `resume`, `config.out` must hold a run with a checkpoint: it continues from the newest one
     and, on CPU with the same settings, produces the same metrics as an uninterrupted run.
+
+    Launched by torchrun with W > 1 processes, every process calls this; rank 0 alone reports and
+    writes the run folder (the others return the run with empty metrics).
     """
-    reporter = reporter or NullReporter()
+    with distributed(config.model.device, config.dist.timeout_s) as dist:
+        return _train(config, (reporter or NullReporter()) if dist.is_main else NullReporter(), overwrite, resume, dist)
+
+
+def _checkpoint(s: Session, step: int, before: EvalResult | None, elapsed: float) -> None:
+    """Checkpoint after `step` (rank 0 writes; every rank takes part, a write error stops every rank)."""
+    state = _state(s, step, before, elapsed)
+    s.dist.main_only(lambda: save_checkpoint(s.folder.path, step, s.stack, state, s.config.checkpoint.keep))
+
+
+def _train(config: Config, reporter: Reporter, overwrite: bool, resume: bool, dist: DistContext) -> Run:
     t0 = time.perf_counter()
     check_available(config.log.report_to)
-    s = setup(config, reporter, overwrite, resume)
+    s = setup(config, reporter, overwrite, resume, dist)
     start, elapsed = 0, 0.0
     reporter.start(config, role_costs(s.stack), s.folder.path)
     if resume:
@@ -217,7 +269,7 @@ def train(config: Config, reporter: Reporter | None = None, overwrite: bool = Fa
     else:
         before = run_eval(s)
     reporter.evaluated(0, before)
-    trackers = open_trackers(config, s.folder.path, start)
+    trackers = open_trackers(config, s.folder.path, start) if s.dist.is_main else Trackers([])
     if before is not None and not resume:
         trackers.log(_eval_scalars(before), step=0)
     wall = lambda: elapsed + time.perf_counter() - t0  # noqa: E731
@@ -242,17 +294,19 @@ def train(config: Config, reporter: Reporter | None = None, overwrite: bool = Fa
                         f"the newest good checkpoint is after step {saved}."
                     )
                 every = config.checkpoint.every
-                if stop.requested or (every and (step + 1) % every == 0):
-                    save_checkpoint(s.folder.path, step + 1, s.stack, _state(s, step + 1, before, wall()), config.checkpoint.keep)
+                stopping = s.dist.any(stop.requested)  # every rank stops at the same step
+                if stopping or (every and (step + 1) % every == 0):
+                    _checkpoint(s, step + 1, before, wall())
                     saved = step + 1
-                if stop.requested and step + 1 < config.steps:
+                if stopping and step + 1 < config.steps:
                     raise KeyboardInterrupt
         except RunFailed as exc:
             reporter.stopped()
-            done = len(read_run(s.folder.path).metrics)
-            if exc.consistent and done > saved:
-                save_checkpoint(s.folder.path, done, s.stack, _state(s, done, before, wall()), config.checkpoint.keep)
-                saved = done
+            if exc.consistent:  # every rank raised it (dist.agree), so they can still checkpoint together
+                done = s.dist.broadcast_object(len(read_run(s.folder.path).metrics) if s.dist.is_main else 0)
+                if done > saved:
+                    _checkpoint(s, done, before, wall())
+                    saved = done
             if not list_checkpoints(s.folder.path):
                 raise RunFailed(f"{exc} No checkpoint was written yet; fix the cause and start again with "
                                 f"--overwrite.") from None
@@ -265,11 +319,14 @@ def train(config: Config, reporter: Reporter | None = None, overwrite: bool = Fa
                 f"Continue with: llmrl train --resume {s.folder.path}", exit_code=130
             ) from None
     if saved < config.steps:
-        save_checkpoint(s.folder.path, config.steps, s.stack, _state(s, config.steps, before, wall()), config.checkpoint.keep)
+        _checkpoint(s, config.steps, before, wall())
     after = run_eval(s)
     reporter.evaluated(config.steps, after)
     if after is not None:
         trackers.log(_eval_scalars(after), step=config.steps)
+    if not s.dist.is_main:
+        s.dist.barrier()  # wait for rank 0 to write the models and the summary
+        return Run(s.folder.path, {}, [], None)
     s.folder.save_models(s.stack)
     history = read_run(s.folder.path).metrics
     summary = summarize(config, history, before, after, wall(), s.folder.path)
@@ -277,6 +334,7 @@ def train(config: Config, reporter: Reporter | None = None, overwrite: bool = Fa
     draw_curves(s.folder.path)
     trackers.close()
     reporter.end(summary)
+    s.dist.barrier()
     return read_run(s.folder.path)
 
 

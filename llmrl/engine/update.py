@@ -3,6 +3,12 @@
 Each pass runs under its own adapter (`stack.use(role)`), splits its minibatch into micro-batches
 (gradient accumulation with exact normalisation), clips the gradient norm and steps its own AdamW.
 A pass whose loss or gradient is not finite is skipped and counted.
+
+Data-parallel runs (see ../distributed.py): the minibatches are cut from one permutation of the
+global N rows, drawn from the same generator on every rank; each rank runs the rows of a minibatch
+that it holds, normalised by the minibatch's global token and row counts, so its loss is its share
+of the single-process minibatch loss; the gradients are summed over ranks before clipping. With
+world size 1 all of this is the single-process update.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from torch import Tensor
 from ..batch import RolloutBatch
 from ..config.schema import KLConfig, UpdateConfig
 from ..losses import aggregate, entropy_from_logits, kl_penalty, policy_loss, value_loss
+from ..distributed import SINGLE, DistContext
 from ..models.stack import PolicyStack, layout, token_logprobs
 from .grad_stats import GradMoments
 
@@ -36,8 +43,28 @@ def make_optimizers(stack: PolicyStack, cfg: UpdateConfig) -> dict[str, torch.op
     return opts
 
 
+# the statistics each loss returns; a data-parallel update sums exactly these over ranks (a rank
+# holding no row of a minibatch has none to report), so a new statistic is added here too
+ACTOR_STATS = ("policy_loss", "entropy", "clip_frac", "approx_kl")
+CRITIC_STATS = ("value_loss",)
+
+
 def _micro_batches(rows: Tensor, size: int | None) -> list[Tensor]:
-    return list(rows.split(size)) if size else [rows]
+    """`rows` in chunks of `size` (all at once when None); none when `rows` is empty (a rank that
+    holds no row of a minibatch)."""
+    return [m for m in (rows.split(size) if size else [rows]) if len(m)]
+
+
+def _most_micro_batches(rows: Tensor, n_local: int, world: int, size: int | None) -> int:
+    """The most micro-batches any rank runs for the global minibatch `rows` (rank q holds rows
+    [q·n_local, (q+1)·n_local)); every rank knows the permutation, so no communication is needed."""
+    counts = [int(((rows >= q * n_local) & (rows < (q + 1) * n_local)).sum()) for q in range(world)]
+    return max(-(-c // size) if size else int(c > 0) for c in counts)
+
+
+def _token_share(mask: Tensor, totals: dict[str, float]) -> float:
+    """This micro-batch's share of the minibatch's tokens (1.0 for a whole single-process minibatch)."""
+    return float(mask.sum()) / totals["total_tokens"]
 
 
 def _actor_loss(stack: PolicyStack, mb: RolloutBatch, adv: Tensor, cfg: UpdateConfig, kl: KLConfig,
@@ -53,8 +80,11 @@ def _actor_loss(stack: PolicyStack, mb: RolloutBatch, adv: Tensor, cfg: UpdateCo
     loss = loss - cfg.ent_coef * ent
     if kl.placement == "loss" and beta > 0 and mb.ref_logprobs is not None:
         loss = loss + beta * aggregate(kl_penalty(lp, mb.ref_logprobs, kl.estimator), mask, cfg.loss_agg, **totals)
-    stats = {"policy_loss": pl.loss.item(), "entropy": ent.item(), "clip_frac": pl.clip_frac.item(),
-             "approx_kl": pl.approx_kl.item()}
+    # every stat is this micro-batch's share of the minibatch value, so shares add up (over
+    # micro-batches and ranks): losses are already normalised by the totals, token means are weighted
+    share = _token_share(mask, totals)
+    stats = {"policy_loss": pl.loss.item(), "entropy": ent.item(), "clip_frac": pl.clip_frac.item() * share,
+             "approx_kl": pl.approx_kl.item() * share}
     return loss, stats
 
 
@@ -68,22 +98,31 @@ def _critic_loss(stack: PolicyStack, mb: RolloutBatch, returns: Tensor, cfg: Upd
 
 
 def _pass(role: str, stack: PolicyStack, opt: torch.optim.Optimizer, batch: RolloutBatch, rows: Tensor,
-          target: Tensor, cfg: UpdateConfig, loss_fn, moments: GradMoments | None = None) -> dict[str, float]:
-    """Accumulate gradients over micro-batches of `rows`, then one clipped optimizer step.
+          totals: dict[str, float], target: Tensor, cfg: UpdateConfig, loss_fn, keys: tuple[str, ...],
+          moments: GradMoments | None = None, dist: DistContext = SINGLE, lockstep: int = 0) -> dict[str, float]:
+    """Accumulate gradients over micro-batches of `rows` (this rank's rows of the minibatch, whose
+    global token and row counts are `totals`), sum them over ranks, then one clipped optimizer step.
 
-    `moments`, when given, records the finite pre-clip gradient (see grad_stats.py)."""
+    `moments`, when given, records the finite pre-clip gradient (see grad_stats.py). `lockstep`
+    (sharded base only): run zero-weight micro-batches until this many forwards/backwards ran."""
     opt.zero_grad(set_to_none=True)
-    totals = {"total_tokens": float(batch.response_mask[rows].sum().clamp(min=1)), "total_seqs": float(len(rows))}
     stats: dict[str, float] = defaultdict(float)
     finite = True
     with stack.use(role):
-        for micro in _micro_batches(rows, cfg.micro_batch_size):
+        micros = _micro_batches(rows, cfg.micro_batch_size)
+        for _ in range(lockstep - len(micros)):  # keep the sharded forwards of all ranks in step
+            one = torch.zeros(1, dtype=torch.long, device=rows.device)
+            (0.0 * loss_fn(batch.select(one), target[one], totals)[0]).backward()
+        for micro in micros:
             loss, s = loss_fn(batch.select(micro), target[micro], totals)
             finite &= bool(torch.isfinite(loss))
-            if finite:
+            if finite or dist.lockstep:  # a sharded backward is a collective: run it (its grads are dropped)
                 loss.backward()
             for k, v in s.items():
-                stats[k] += v * len(micro) / len(rows)
+                stats[k] += v
+        if dist.active:
+            finite = dist.sum_gradients(stack.parameters_of(role), finite)
+            stats = dict(zip(keys, dist.sum_floats([stats.get(k, 0.0) for k in keys])))
         params = [p for p in stack.parameters_of(role) if p.grad is not None]
         if moments is not None and finite and params:
             moments.add(params)
@@ -99,20 +138,31 @@ def _pass(role: str, stack: PolicyStack, opt: torch.optim.Optimizer, batch: Roll
 
 
 def update(stack: PolicyStack, opts: dict[str, torch.optim.Optimizer], batch: RolloutBatch, targets: Targets,
-           cfg: UpdateConfig, kl: KLConfig, beta: float, temperature: float, generator: torch.Generator) -> dict[str, float]:
+           cfg: UpdateConfig, kl: KLConfig, beta: float, temperature: float, generator: torch.Generator,
+           dist: DistContext = SINGLE) -> dict[str, float]:
     """Fit the actor (and critic) to one rollout batch; returns minibatch-averaged statistics
-    plus the actor's gradient noise across minibatches (grad_stats.py)."""
+    plus the actor's gradient noise across minibatches (grad_stats.py).
+
+    In a data-parallel run `batch` is this rank's rows [r·n, (r+1)·n) of the global batch of
+    n·W rows, and every rank must call this with the same generator state."""
     history: dict[str, list[float]] = defaultdict(list)
     moments = GradMoments()
     actor_fn = lambda mb, adv, totals: _actor_loss(stack, mb, adv, cfg, kl, beta, temperature, totals)  # noqa: E731
     critic_fn = lambda mb, ret, totals: _critic_loss(stack, mb, ret, cfg, totals)  # noqa: E731
+    row_tokens = dist.gather_rows(batch.response_mask.sum(-1))  # (N_global,) tokens per row
+    micros = lambda rows: _most_micro_batches(rows, batch.rows, dist.world_size, cfg.micro_batch_size) if dist.lockstep else 0  # noqa: E731
     for _ in range(cfg.epochs):
-        order = torch.randperm(batch.rows, generator=generator).to(batch.response_ids.device)
+        order = torch.randperm(batch.rows * dist.world_size, generator=generator).to(batch.response_ids.device)
         for rows in order.split(cfg.minibatch_size):
-            for k, v in _pass("actor", stack, opts["actor"], batch, rows, targets.advantages, cfg, actor_fn, moments).items():
+            totals = {"total_tokens": float(row_tokens[rows].sum().clamp(min=1)), "total_seqs": float(len(rows))}
+            mine = dist.local_rows(rows, batch.rows)
+            most = micros(rows)
+            for k, v in _pass("actor", stack, opts["actor"], batch, mine, totals, targets.advantages, cfg, actor_fn,
+                              ACTOR_STATS, moments, dist, most).items():
                 history[k].append(v)
             if "critic" in opts and targets.returns is not None:
-                for k, v in _pass("critic", stack, opts["critic"], batch, rows, targets.returns, cfg, critic_fn).items():
+                for k, v in _pass("critic", stack, opts["critic"], batch, mine, totals, targets.returns, cfg, critic_fn,
+                                  CRITIC_STATS, None, dist, most).items():
                     history[k].append(v)
     stats = {k: sum(v) / len(v) for k, v in history.items() if not k.endswith("_skipped")}
     stats["skipped_updates"] = sum(sum(v) for k, v in history.items() if k.endswith("_skipped"))
