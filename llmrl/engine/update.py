@@ -46,6 +46,8 @@ def _actor_loss(stack: PolicyStack, mb: RolloutBatch, adv: Tensor, cfg: UpdateCo
     logits = stack.response_logits(seq, temperature)
     lp = token_logprobs(logits, mb.response_ids)
     mask = mb.response_mask
+    if cfg.on_policy_logprobs:  # exactly on-policy: π_old = the current policy, detached
+        mb.old_logprobs = torch.where(mask, lp.detach(), torch.zeros_like(lp))
     pl = policy_loss(lp, mb.old_logprobs, adv, mask, cfg.clip_eps, cfg.clip_eps_high, cfg.dual_clip, cfg.loss_agg, **totals)
     loss = pl.loss
     entropy = entropy_from_logits(logits) if cfg.ent_coef > 0 else entropy_from_logits(logits.detach())
@@ -78,7 +80,10 @@ def _pass(role: str, stack: PolicyStack, opt: torch.optim.Optimizer, batch: Roll
     finite = True
     with stack.use(role):
         for micro in _micro_batches(rows, cfg.micro_batch_size):
-            loss, s = loss_fn(batch.select(micro), target[micro], totals)
+            mb = batch.select(micro)
+            loss, s = loss_fn(mb, target[micro], totals)
+            if role == "actor" and cfg.on_policy_logprobs:
+                batch.old_logprobs[micro] = mb.old_logprobs.to(batch.old_logprobs.dtype)
             finite &= bool(torch.isfinite(loss))
             if finite:
                 loss.backward()
