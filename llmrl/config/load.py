@@ -221,6 +221,13 @@ def _check_consistency(config: Config) -> None:
             f"'update.minibatch_size' ({config.update.minibatch_size}) exceeds the rows per step "
             f"(rollout.prompts_per_step × rollout.num_generations = {rows})."
         )
+    u = config.update
+    if u.on_policy_logprobs and (u.epochs > 1 or u.minibatch_size < rows
+                                 or (config.kl.placement == "reward" and config.kl.beta > 0)):
+        raise ConfigError(
+            "'update.on_policy_logprobs' needs one exactly on-policy update: update.epochs=1, "
+            f"update.minibatch_size={rows} (all rows of a step) and no KL in the reward (kl.placement=loss or kl.beta=0)."
+        )
 
 
 def to_tree(config: Config) -> dict[str, Any]:

@@ -87,6 +87,10 @@ class UpdateConfig:
     ent_coef: float = opt(0.0, "entropy bonus coefficient", min=0)
     max_grad_norm: float | None = opt(1.0, "gradient norm clip; null: off", gt=0)
     max_bad_steps: int = opt(3, "stop after this many steps in a row whose loss or gradient was not finite", min=1)
+    on_policy_logprobs: bool = opt(
+        False, "one epoch of one minibatch only: take log π_old from the update's own forward (ratio ≡ 1) "
+        "instead of a separate no-grad forward in the rollout; same numbers up to float rounding, one forward less",
+    )
     loss_agg: str = opt(
         "token-mean", "how per-token losses become one number",
         choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),

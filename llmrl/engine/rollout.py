@@ -16,7 +16,7 @@ from transformers import PreTrainedTokenizerBase
 from ..batch import RolloutBatch
 from ..config.schema import RolloutConfig
 from ..models.prompts import Prompt, tokenize_prompts
-from ..models.stack import PolicyStack, layout, token_logprobs
+from ..models.stack import PolicyStack, at_least_float32, layout, token_logprobs
 from .rewards import score, score_parts
 from .sampling import generate, row_uniforms
 
@@ -28,6 +28,7 @@ class RolloutPlan:
     reference: bool  # ref_logprobs (any KL with β > 0)
     critic: bool  # values
     greedy: bool  # baseline_scores from a greedy response (ReMax)
+    old_logprobs: bool = True  # False: the update's own forward fills them in (update.on_policy_logprobs)
 
 
 def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Prompt], device: torch.device) -> tuple[Tensor, Tensor]:
@@ -82,8 +83,11 @@ def rollout(
                        temperature=cfg.temperature, top_p=cfg.top_p, uniforms=uniforms)
     batch = RolloutBatch(ids, mask, gen.response_ids, gen.response_mask,
                          old_logprobs=torch.zeros(0), group_size=g, prompt_index=index)
-    with stack.use("actor"):
-        batch.old_logprobs = masked_logprobs(stack, batch, cfg.temperature)
+    if plan.old_logprobs:
+        with stack.use("actor"):
+            batch.old_logprobs = masked_logprobs(stack, batch, cfg.temperature)
+    else:  # filled in by the update's forward, before its one optimizer step (update.py)
+        batch.old_logprobs = torch.zeros(gen.response_ids.shape, dtype=at_least_float32(stack.lm.dtype), device=device)
     if plan.reference:
         with stack.use("reference"):
             batch.ref_logprobs = masked_logprobs(stack, batch, cfg.temperature)

@@ -112,7 +112,8 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
 
         dist = shard_base(stack, dist)
     check_context(task, tokenizer, base.config, config.rollout.max_new_tokens)
-    plan = RolloutPlan(reference=config.kl.beta > 0, critic=spec.needs.critic, greedy=spec.needs.greedy)
+    plan = RolloutPlan(reference=config.kl.beta > 0, critic=spec.needs.critic, greedy=spec.needs.greedy,
+                       old_logprobs=not config.update.on_policy_logprobs)
     if not resume:
         folder.write_config(config)
     return Session(

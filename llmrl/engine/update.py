@@ -73,6 +73,8 @@ def _actor_loss(stack: PolicyStack, mb: RolloutBatch, adv: Tensor, cfg: UpdateCo
     logits = stack.response_logits(seq, temperature)
     lp = token_logprobs(logits, mb.response_ids)
     mask = mb.response_mask
+    if cfg.on_policy_logprobs:  # exactly on-policy: π_old = the current policy, detached
+        mb.old_logprobs = torch.where(mask, lp.detach(), torch.zeros_like(lp))
     pl = policy_loss(lp, mb.old_logprobs, adv, mask, cfg.clip_eps, cfg.clip_eps_high, cfg.dual_clip, cfg.loss_agg, **totals)
     loss = pl.loss
     entropy = entropy_from_logits(logits) if cfg.ent_coef > 0 else entropy_from_logits(logits.detach())
@@ -114,7 +116,10 @@ def _pass(role: str, stack: PolicyStack, opt: torch.optim.Optimizer, batch: Roll
             one = torch.zeros(1, dtype=torch.long, device=rows.device)
             (0.0 * loss_fn(batch.select(one), target[one], totals)[0]).backward()
         for micro in micros:
-            loss, s = loss_fn(batch.select(micro), target[micro], totals)
+            mb = batch.select(micro)
+            loss, s = loss_fn(mb, target[micro], totals)
+            if role == "actor" and cfg.on_policy_logprobs:
+                batch.old_logprobs[micro] = mb.old_logprobs.to(batch.old_logprobs.dtype)
             finite &= bool(torch.isfinite(loss))
             if finite or dist.lockstep:  # a sharded backward is a collective: run it (its grads are dropped)
                 loss.backward()
