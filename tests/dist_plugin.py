@@ -13,8 +13,7 @@ import os
 from llmrl.tasks import TASKS, Task, get_task
 
 
-def digit_share(prompts: list[str], completions: list[str], answer: list[str]) -> list[float]:
-    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+from tests.helpers import digit_share
 
 
 _calls = {"n": 0}

@@ -20,3 +20,16 @@ def t(rows) -> torch.Tensor:
 
 def m(rows) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.bool)
+
+
+def digit_share(prompts: list[str], completions: list[str], answer: list[str]) -> list[float]:
+    """A dense reward a random model earns too: the share of digits in the completion."""
+    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+
+
+def digits_task(name: str = "digits", success: float = 1.0):
+    """The arithmetic prompts with `digit_share` as reward, for runs on a random tiny model."""
+    from llmrl.tasks import Task, get_task
+
+    base = get_task("arithmetic")
+    return Task(name, base.train, base.eval, digit_share, success=success)

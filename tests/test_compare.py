@@ -21,23 +21,15 @@ from llmrl.engine.grad_stats import GradMoments
 from llmrl.engine.reporting import NullReporter
 from llmrl.engine.trainer import setup, train_step
 from llmrl.tasks import TASKS, Task, get_task
+from tests.helpers import digit_share, digits_task as make_digits_task
 
 PLOTS = ("reward_vs_step.png", "reward_vs_time.png", "kl_vs_step.png", "accuracy.png")
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def _digit_share(prompts: list[str], completions: list[str], answer: list[str]) -> list[float]:
-    """A dense reward a random model earns too: the share of digits in the completion."""
-    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
-
-
 @pytest.fixture(autouse=True)
 def digits_task(monkeypatch: pytest.MonkeyPatch) -> None:
-    def make() -> Task:
-        base = get_task("arithmetic")
-        return Task("digits", base.train, base.eval, _digit_share)
-
-    monkeypatch.setitem(TASKS, "digits", make)
+    monkeypatch.setitem(TASKS, "digits", make_digits_task)
 
 
 def _small(model: Path) -> list[str]:
@@ -62,7 +54,7 @@ def done(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tupl
     out = tmp_path_factory.mktemp("cmp") / "cmp"
     args = ["--algos", "ppo,grpo", "--seeds", "0,1", "--steps", "2", "--out", str(out), *_small(tiny_model_dir)]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(TASKS, "digits", lambda: Task("digits", get_task("arithmetic").train, get_task("arithmetic").eval, _digit_share))
+        mp.setitem(TASKS, "digits", make_digits_task)
         code, stdout, stderr = _compare(*args)
     assert code == 0, stderr
     return out, args, stdout
@@ -275,7 +267,7 @@ def test_a_failed_run_stops_the_compare_and_a_rerun_resumes_it(tiny_model_dir: P
         calls["n"] += 1
         if calls["n"] == calls["fail_at"]:
             raise ZeroDivisionError("boom")
-        return _digit_share(prompts, completions, answer)
+        return digit_share(prompts, completions, answer)
 
     base = get_task("arithmetic")
     monkeypatch.setitem(TASKS, "flaky", lambda: Task("flaky", base.train, base.eval, flaky))

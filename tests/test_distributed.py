@@ -7,7 +7,6 @@ every worker through `estimator.module`.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys

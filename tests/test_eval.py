@@ -15,19 +15,14 @@ from llmrl.cli import app
 from llmrl.engine.evaluate import pass_at_k
 from llmrl.model_eval import eval_model
 from llmrl.tasks import TASKS, Task, get_task
+from tests.helpers import digits_task as make_digits_task
 
 SMALL = ["rollout.prompts_per_step=8", "update.minibatch_size=4", "eval.size=12", "eval.every=0",
          "update.lr_actor=1e-2", "rollout.max_new_tokens=4"]
 
 
-def _digit_share(prompts: list[str], completions: list[str], answer: list[str]) -> list[float]:
-    """Share of digits in the completion: a dense reward a random model earns too."""
-    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
-
-
 def _digits() -> Task:
-    base = get_task("arithmetic")
-    return Task("digits", base.train, base.eval, _digit_share, success=0.5)
+    return make_digits_task(success=0.5)
 
 
 @pytest.fixture(scope="module")

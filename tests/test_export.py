@@ -23,6 +23,7 @@ from llmrl.cli import app
 from llmrl.export import export_run
 from llmrl.models.from_run import load_actor
 from llmrl.tasks import TASKS, Task, get_task
+from tests.helpers import digit_share as _digit_share
 
 SMALL = ["rollout.prompts_per_step=8", "update.minibatch_size=4", "eval.size=8", "eval.every=0",
          "lora.modules_to_save=norm", "update.lr_actor=1e-2", "checkpoint.every=1"]
@@ -44,10 +45,6 @@ def _arithmetic_rows() -> tuple[list, list]:
     base = get_task("arithmetic")
     return base.train, base.eval
 
-
-def _digit_share(prompts: list[str], completions: list[str], answer: list[str]) -> list[float]:
-    """A dense reward a random model earns too, so the adapter really moves."""
-    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
 
 
 def _actor_logits(run: Path) -> torch.Tensor:

@@ -14,14 +14,13 @@ from typer.testing import CliRunner
 from llmrl.cli import app
 from llmrl.run_folder import RunFolder
 from llmrl.tasks import TASKS, Task, get_task
+from tests.helpers import digit_share as _digit_share
 
 SMALL = ["--steps", "4", "--set", "rollout.prompts_per_step=6", "--set", "rollout.num_generations=2",
          "--set", "update.minibatch_size=6", "--set", "eval.size=8", "--set", "eval.every=0",
          "--set", "update.lr_actor=1e-2"]
 
 
-def _digit_share(prompts: list[str], completions: list[str], answer: list[str]) -> list[float]:
-    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
 
 
 @pytest.fixture(autouse=True)

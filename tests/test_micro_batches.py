@@ -26,6 +26,7 @@ from llmrl.engine.update import Targets, make_optimizers, update
 from llmrl.models.stack import PolicyStack
 from llmrl.models.tokenizer import build_char_tokenizer
 from llmrl.tasks import get_task
+from tests.helpers import digit_share as _digit_share
 from tests.conftest import make_tiny_model
 
 SETUPS = {
@@ -35,8 +36,6 @@ SETUPS = {
 }
 
 
-def _digit_share(prompts, completions, answer):
-    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
 
 
 @functools.lru_cache(maxsize=None)

@@ -25,11 +25,10 @@ from llmrl.errors import ConfigError
 from llmrl.models.stack import PolicyStack
 from llmrl.models.tokenizer import build_char_tokenizer
 from llmrl.tasks import get_task
+from tests.helpers import digit_share as _digit_share
 from tests.conftest import make_tiny_model
 
 
-def _digit_share(prompts, completions, answer):
-    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
 
 
 def _step(fast: bool, micro: int | None):

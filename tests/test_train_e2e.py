@@ -18,24 +18,16 @@ from llmrl import load_config, read_run
 from llmrl.cli import app
 from llmrl.engine.reporting import NullReporter
 from llmrl.engine.trainer import setup, train_step
-from llmrl.tasks import TASKS, Task, get_task
+from llmrl.tasks import TASKS
+from tests.helpers import digits_task as make_digits_task
 
 SMALL = ["--set", "rollout.prompts_per_step=8", "--set", "update.minibatch_size=4", "--set", "eval.size=16"]
-
-
-def _digit_share(prompts: list[str], completions: list[str], answer: list[str]) -> list[float]:
-    """A dense reward a random model earns too: the share of digits in the completion."""
-    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
 
 
 @pytest.fixture(autouse=True)
 def digits_task(monkeypatch: pytest.MonkeyPatch) -> None:
     """Task 'digits': the arithmetic prompts with `_digit_share` as reward (registered for the test)."""
-    def make() -> Task:
-        base = get_task("arithmetic")
-        return Task("digits", base.train, base.eval, _digit_share)
-
-    monkeypatch.setitem(TASKS, "digits", make)
+    monkeypatch.setitem(TASKS, "digits", make_digits_task)
 
 
 def _train(args: list[str]) -> tuple[int, str, str]:
