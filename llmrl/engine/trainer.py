@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, NoReturn
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -258,6 +258,14 @@ def _checkpoint(s: Session, step: int, before: EvalResult | None, elapsed: float
     s.dist.main_only(lambda: save_checkpoint(s.folder.path, step, s.stack, state, s.config.checkpoint.keep))
 
 
+@dataclass
+class _Progress:
+    """The loop's running state: newest checkpointed step, non-finite steps in a row."""
+
+    saved: int
+    bad: int = 0
+
+
 def _train(config: Config, reporter: Reporter, overwrite: bool, resume: bool, dist: DistContext) -> Run:
     t0 = time.perf_counter()
     check_available(config.log.report_to)
@@ -274,52 +282,72 @@ def _train(config: Config, reporter: Reporter, overwrite: bool, resume: bool, di
     if before is not None and not resume:
         trackers.log(_eval_scalars(before), step=0)
     wall = lambda: elapsed + time.perf_counter() - t0  # noqa: E731
-    saved = start
-    bad = 0
+    progress = _Progress(saved=start)
     with graceful_stop() as stop, _close_on_error(trackers):
         try:
             for step in range(start, config.steps):
-                row = train_step(s, step)
-                if config.eval.every and (step + 1) % config.eval.every == 0 and step + 1 < config.steps:
-                    result = run_eval(s)
-                    row["eval_accuracy"] = result.accuracy if result else None
-                    reporter.evaluated(step + 1, result)
-                s.folder.log_metrics(row)
-                trackers.log(row)
-                _log_samples(s, reporter)
-                reporter.step(row)
-                bad = bad + 1 if row["skipped_updates"] else 0
-                if bad >= config.update.max_bad_steps:
-                    raise RunFailed(
-                        f"Stopped: {bad} steps in a row had a non-finite loss or gradient (last at step {step + 1}); "
-                        f"the newest good checkpoint is after step {saved}."
-                    )
-                every = config.checkpoint.every
-                stopping = s.dist.any(stop.requested)  # every rank stops at the same step
-                if stopping or (every and (step + 1) % every == 0):
-                    _checkpoint(s, step + 1, before, wall())
-                    saved = step + 1
-                if stopping and step + 1 < config.steps:
-                    raise KeyboardInterrupt
+                _one_step(s, step, reporter, trackers, stop, progress, before, wall)
         except RunFailed as exc:
             reporter.stopped()
-            if exc.consistent:  # every rank raised it (dist.agree), so they can still checkpoint together
-                done = s.dist.broadcast_object(len(read_run(s.folder.path).metrics) if s.dist.is_main else 0)
-                if done > saved:
-                    _checkpoint(s, done, before, wall())
-                    saved = done
-            if not list_checkpoints(s.folder.path):
-                raise RunFailed(f"{exc} No checkpoint was written yet; fix the cause and start again with "
-                                f"--overwrite.") from None
-            raise RunFailed(f"{exc} Training state after step {saved} is checkpointed; fix the cause and "
-                            f"continue with: llmrl train --resume {s.folder.path}") from None
+            _fail(s, exc, progress, before, wall)
         except KeyboardInterrupt:
             reporter.stopped()
             raise LLMRLError(
-                f"Interrupted; the newest checkpoint is after step {saved}. "
+                f"Interrupted; the newest checkpoint is after step {progress.saved}. "
                 f"Continue with: llmrl train --resume {s.folder.path}", exit_code=130
             ) from None
-    if saved < config.steps:
+    return _finish(s, reporter, trackers, progress, before, wall)
+
+
+def _one_step(s: Session, step: int, reporter: Reporter, trackers: Trackers, stop: Any, progress: _Progress,
+              before: EvalResult | None, wall: Callable[[], float]) -> None:
+    """Train step `step`, evaluate when due, log, checkpoint when due; raise RunFailed after
+    `update.max_bad_steps` non-finite steps in a row, KeyboardInterrupt when a stop was requested."""
+    config = s.config
+    row = train_step(s, step)
+    if config.eval.every and (step + 1) % config.eval.every == 0 and step + 1 < config.steps:
+        result = run_eval(s)
+        row["eval_accuracy"] = result.accuracy if result else None
+        reporter.evaluated(step + 1, result)
+    s.folder.log_metrics(row)
+    trackers.log(row)
+    _log_samples(s, reporter)
+    reporter.step(row)
+    progress.bad = progress.bad + 1 if row["skipped_updates"] else 0
+    if progress.bad >= config.update.max_bad_steps:
+        raise RunFailed(
+            f"Stopped: {progress.bad} steps in a row had a non-finite loss or gradient (last at step {step + 1}); "
+            f"the newest good checkpoint is after step {progress.saved}."
+        )
+    every = config.checkpoint.every
+    stopping = s.dist.any(stop.requested)  # every rank stops at the same step
+    if stopping or (every and (step + 1) % every == 0):
+        _checkpoint(s, step + 1, before, wall())
+        progress.saved = step + 1
+    if stopping and step + 1 < config.steps:
+        raise KeyboardInterrupt
+
+
+def _fail(s: Session, exc: RunFailed, progress: _Progress, before: EvalResult | None,
+          wall: Callable[[], float]) -> NoReturn:
+    """Checkpoint what is consistent, then re-raise `exc` with how to continue."""
+    if exc.consistent:  # every rank raised it (dist.agree), so they can still checkpoint together
+        done = s.dist.broadcast_object(len(read_run(s.folder.path).metrics) if s.dist.is_main else 0)
+        if done > progress.saved:
+            _checkpoint(s, done, before, wall())
+            progress.saved = done
+    if not list_checkpoints(s.folder.path):
+        raise RunFailed(f"{exc} No checkpoint was written yet; fix the cause and start again with "
+                        f"--overwrite.") from None
+    raise RunFailed(f"{exc} Training state after step {progress.saved} is checkpointed; fix the cause and "
+                    f"continue with: llmrl train --resume {s.folder.path}") from None
+
+
+def _finish(s: Session, reporter: Reporter, trackers: Trackers, progress: _Progress, before: EvalResult | None,
+            wall: Callable[[], float]) -> Run:
+    """Last checkpoint, final evaluation; rank 0 saves the models, summary and curves."""
+    config = s.config
+    if progress.saved < config.steps:
         _checkpoint(s, config.steps, before, wall())
     after = run_eval(s)
     reporter.evaluated(config.steps, after)
