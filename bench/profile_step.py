@@ -4,7 +4,7 @@ The engine is not changed: the timers wrap the module-level names `train_step` c
 `generate`, `masked_logprobs` per role, `decode`, the reward; the trainer's `update`), so the
 numbers are those of a normal step. Configuration: bench/vs_trl.py's (issue 8).
 
-    python bench/profile_step.py [--model PATH] [--steps 3] [--fast] [--out profile.json]
+    python bench/profile_step.py [--model PATH] [--steps 3] [--fast] [--set KEY=VALUE ...] [--out profile.json]
 
 The first step is a warm-up and is not counted; medians over the rest.
 """
@@ -49,6 +49,8 @@ def main() -> None:
     ap.add_argument("--fast", action="store_true", help="update.on_policy_logprobs=true")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra config override (repeatable), e.g. --set model.share_prompts=false")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     vs.THREADS = a.threads
@@ -78,7 +80,7 @@ def main() -> None:
         "rollout.num_generations": vs.GENERATIONS, "rollout.max_new_tokens": vs.NEW_TOKENS,
         "kl.beta": vs.BETA, "kl.estimator": "k3", "kl.placement": "loss", "update.lr_actor": vs.LR,
         "update.minibatch_size": vs.PROMPTS * vs.GENERATIONS, "update.on_policy_logprobs": a.fast,
-        "eval.size": 0, "checkpoint.every": 0})
+        "eval.size": 0, "checkpoint.every": 0}, sets=a.set)
     s = setup(config, NullReporter(), overwrite=True)
     hwm = {"after setup": vs.vm_hwm_mib()}
     steps: list[dict[str, float]] = []
@@ -96,7 +98,7 @@ def main() -> None:
         print(f"{k:<40}{v:>8.2f}" + (f"  {100 * v / med['step']:5.1f} %" if k not in ("step", "tokens") else ""))
     print("peak RSS (VmHWM, MiB):", {k: round(v) for k, v in hwm.items()})
     if a.out:
-        Path(a.out).write_text(json.dumps({"fast": a.fast, "threads": a.threads, "median": med, "steps": steps,
+        Path(a.out).write_text(json.dumps({"fast": a.fast, "threads": a.threads, "set": a.set, "median": med, "steps": steps,
                                            "vm_hwm_mib": hwm}, indent=1))
 
 

@@ -36,5 +36,6 @@ def shard_base(stack: PolicyStack, dist: DistContext) -> DistContext:
     trainable = {p for role in stack.trainable_roles() for p in stack.parameters_of(role)}
     for layer in stack.lm.get_decoder().layers:
         fully_shard(layer, ignored_params={p for p in layer.parameters() if p in trainable})
+    stack.share_prompts = False  # every forward is a collective: all ranks must make the same calls
     sampling.LOCKSTEP = replace(dist, lockstep=True)
     return sampling.LOCKSTEP

@@ -24,6 +24,10 @@ class ModelConfig:
     dtype: str = opt("float32", "weights dtype", choices=("float32", "bfloat16", "float16"))
     device: str = opt("cpu", "where to run", choices=("cpu", "cuda", "auto"))
     trust_remote_code: bool = opt(False, "let transformers run code shipped with the model")
+    share_prompts: bool = opt(
+        True, "run each distinct prompt once per forward and let all its samples attend to its key/value "
+        "cache (when that saves at least half the prompt work, e.g. GRPO groups); same numbers up to float rounding",
+    )
 
 
 @dataclass(frozen=True)

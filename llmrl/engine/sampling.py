@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
+from ..models.prefix import distinct_prompts, shared_prefill
 from ..models.stack import PolicyStack
 
 _MIX = (1_000_003, 10_007, 101, 7)
@@ -77,23 +78,22 @@ def generate(
     """Decode up to `max_new_tokens` per row with the model's KV cache, in the caller's role.
 
     `uniforms` (N, max_new_tokens) drives sampling; None means greedy. Stops early once every row
-    has emitted EOS.
+    has emitted EOS. With `stack.share_prompts`, each distinct prompt is prefilled once and its
+    cache shared by its samples (models/prefix.py).
     """
     model = stack.lm
     attention = prompt_mask.long()
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
-    out = model(
-        input_ids=prompt_ids, attention_mask=attention, position_ids=positions,
-        cache=cache, use_cache=True, logits_to_keep=1,
-    )
+    groups = distinct_prompts(prompt_ids, prompt_mask) if stack.share_prompts else None
+    logits = shared_prefill(model, prompt_ids, attention, positions, cache, groups)
     n = prompt_ids.shape[0]
     done = torch.zeros(n, dtype=torch.bool, device=prompt_ids.device)
     tokens, masks = [], []
     position = positions[:, -1:]
     for t in range(max_new_tokens):
         u = None if uniforms is None else uniforms[:, t]
-        token = pick_tokens(out.logits[:, -1].float(), temperature, top_p, u)
+        token = pick_tokens(logits[:, -1].float(), temperature, top_p, u)
         token = torch.where(done, torch.full_like(token, pad_id), token)
         masks.append(~done)
         tokens.append(token)
@@ -102,8 +102,8 @@ def generate(
             break
         attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
         position = position + 1
-        out = model(
+        logits = model(
             input_ids=token[:, None], attention_mask=attention, position_ids=position,
             cache=cache, use_cache=True,
-        )
+        ).logits
     return Generation(torch.stack(tokens, dim=1), torch.stack(masks, dim=1))

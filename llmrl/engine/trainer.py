@@ -105,7 +105,7 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
     base, tokenizer = dist.main_first(lambda: load_base(config.model, show_progress=reporter.interactive), local=True)
     apply_chat_setting(tokenizer, config.data.chat_template, config.model.name)
     seed_everything(config.seed)
-    stack = PolicyStack(base, config.lora, with_critic=spec.needs.critic)
+    stack = PolicyStack(base, config.lora, with_critic=spec.needs.critic, share_prompts=config.model.share_prompts)
     dist.broadcast_parameters([p for role in stack.trainable_roles() for p in stack.parameters_of(role)])
     if config.dist.shard_base:
         from ..fsdp import shard_base  # late: only runs that ask for it

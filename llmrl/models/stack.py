@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from ..config.schema import LoraConfig
+from .prefix import distinct_prompts, shared_prefix_hidden
 
 ROLES = ("actor", "critic", "reference")
 
@@ -66,11 +67,13 @@ class PolicyStack(nn.Module):
     """The frozen base, the `actor` (and optionally `critic`) adapters and the value head.
 
     `hidden` runs the decoder only; the LM head is applied to response positions alone, so the
-    prompt's P positions never pay for a (P × vocab) projection.
+    prompt's P positions never pay for a (P × vocab) projection. With `share_prompts`, a batch that
+    repeats its prompts (G samples each) runs each distinct prompt once (models/prefix.py).
     """
 
-    def __init__(self, base: PreTrainedModel, lora: LoraConfig, with_critic: bool) -> None:
+    def __init__(self, base: PreTrainedModel, lora: LoraConfig, with_critic: bool, share_prompts: bool = True) -> None:
         super().__init__()
+        self.share_prompts = share_prompts
         for p in base.parameters():
             p.requires_grad_(False)
         self.peft: PeftModel = get_peft_model(base, lora_settings(lora), adapter_name="actor")
@@ -123,6 +126,10 @@ class PolicyStack(nn.Module):
     # ---- forwards -----------------------------------------------------------------------------
     def hidden(self, seq: Sequences) -> Tensor:
         """Last hidden states at the positions that predict response tokens: (N, T, H)."""
+        p = seq.prompt_len
+        groups = distinct_prompts(seq.ids[:, :p], seq.attention[:, :p]) if self.share_prompts else None
+        if groups is not None:
+            return shared_prefix_hidden(self.lm.get_decoder(), seq.ids, seq.attention, seq.positions, p, groups)
         out = self.lm.get_decoder()(
             input_ids=seq.ids, attention_mask=seq.attention, position_ids=seq.positions, use_cache=False
         )
