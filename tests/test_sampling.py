@@ -21,6 +21,11 @@ def test_inverse_cdf_picks_the_token_whose_interval_holds_u() -> None:
     # top-p 0.6 keeps {0, 1} (0.5 < 0.6, then 0.8 covers it): renormalised cdf [0.625, 1.0]
     assert pick_tokens(logits, 1.0, 0.6, torch.tensor([0.6, 0.7, 0.99])).tolist() == [0, 1, 1]
     assert pick_tokens(logits, 1.0, 1.0, None).tolist() == [0, 0, 0]
+    # without a nucleus the cdf runs in vocabulary order: probs [0.2, 0.5, 0.3] → cdf [0.2, 0.7, 1.0]
+    unsorted = torch.log(torch.tensor([[0.2, 0.5, 0.3]] * 4))
+    assert pick_tokens(unsorted, 1.0, 1.0, torch.tensor([0.1, 0.3, 0.69, 0.75])).tolist() == [0, 1, 1, 2]
+    # a nucleus sorts first: top-p 0.9 keeps all three, sorted [0.5, 0.3, 0.2] → cdf [0.5, 0.8, 1.0]
+    assert pick_tokens(unsorted, 1.0, 0.9, torch.tensor([0.1, 0.3, 0.69, 0.85])).tolist() == [1, 1, 2, 0]
 
 
 def test_sampling_frequencies_follow_the_tempered_distribution() -> None:

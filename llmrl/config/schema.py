@@ -50,6 +50,10 @@ class RolloutConfig:
     max_new_tokens: int = opt(5, "longest response in tokens", min=1)
     temperature: float = opt(1.0, "sampling temperature (the policy is softmax(logits / T))", gt=0)
     top_p: float = opt(1.0, "nucleus sampling mass", gt=0, max=1)
+    generation_logprobs: bool = opt(
+        True, "take log π_old of the drawn tokens from the decoding logits instead of a second no-grad "
+        "forward of the actor (same float32 math; float16/bfloat16 models always use the forward)",
+    )
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,14 @@ class RolloutPlan:
     critic: bool  # values
     greedy: bool  # baseline_scores from a greedy response (ReMax)
     old_logprobs: bool = True  # False: the update's own forward fills them in (update.on_policy_logprobs)
+    from_generation: bool = False  # old log-probs from the decoding logits, not a second actor forward
+
+
+def generation_logprobs(cfg: RolloutConfig, dtype: torch.dtype) -> bool:
+    """Whether log π_old comes from the decoding logits: asked for, and the model computes in at
+    least float32 (in float16/bfloat16 the KV-cached decode and a full forward round differently
+    enough to matter in the PPO ratio)."""
+    return cfg.generation_logprobs and dtype in (torch.float32, torch.float64)
 
 
 def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Prompt], device: torch.device) -> tuple[Tensor, Tensor]:
@@ -80,10 +88,13 @@ def rollout(
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     with stack.use("actor"):
         gen = generate(stack, ids, mask, max_new_tokens=cfg.max_new_tokens, eos_id=eos, pad_id=pad,
-                       temperature=cfg.temperature, top_p=cfg.top_p, uniforms=uniforms)
+                       temperature=cfg.temperature, top_p=cfg.top_p, uniforms=uniforms,
+                       logprobs=plan.old_logprobs and plan.from_generation)
     batch = RolloutBatch(ids, mask, gen.response_ids, gen.response_mask,
                          old_logprobs=torch.zeros(0), group_size=g, prompt_index=index)
-    if plan.old_logprobs:
+    if gen.logprobs is not None:
+        batch.old_logprobs = gen.logprobs
+    elif plan.old_logprobs:
         with stack.use("actor"):
             batch.old_logprobs = masked_logprobs(stack, batch, cfg.temperature)
     else:  # filled in by the update's forward, before its one optimizer step (update.py)

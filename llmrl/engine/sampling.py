@@ -14,7 +14,7 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from ..models.prefix import distinct_prompts, shared_prefill
-from ..models.stack import PolicyStack
+from ..models.stack import PolicyStack, at_least_float32, token_logprobs
 
 _MIX = (1_000_003, 10_007, 101, 7)
 
@@ -39,27 +39,36 @@ def row_uniforms(seed: int, step: int, prompt_index: Tensor, sample_index: Tenso
 
 def pick_tokens(logits: Tensor, temperature: float, top_p: float, uniforms: Tensor | None) -> Tensor:
     """One token per row: argmax when `uniforms` is None, else an inverse-CDF draw from
-    softmax(logits / temperature) restricted to the smallest top-p nucleus. (N, V), (N,) → (N,)."""
+    softmax(logits / temperature) restricted to the smallest top-p nucleus. (N, V), (N,) → (N,).
+
+    With top_p = 1 the CDF runs in vocabulary order; a nucleus needs the tokens sorted by
+    probability, which costs more than a decoding step of a small model at a 50k vocabulary."""
     if uniforms is None:
         return logits.argmax(-1)
     probs = torch.softmax(logits.double() / temperature, dim=-1)
+    if top_p >= 1.0:
+        return _inverse_cdf(probs, uniforms)
     sorted_p, order = probs.sort(-1, descending=True)
-    if top_p < 1.0:
-        keep = (sorted_p.cumsum(-1) - sorted_p) < top_p  # the most likely token is always kept
-        sorted_p = sorted_p * keep
-    cdf = sorted_p.cumsum(-1)
+    keep = (sorted_p.cumsum(-1) - sorted_p) < top_p  # the most likely token is always kept
+    return order.gather(-1, _inverse_cdf(sorted_p * keep, uniforms).unsqueeze(-1)).squeeze(-1)
+
+
+def _inverse_cdf(weights: Tensor, uniforms: Tensor) -> Tensor:
+    """The index i with cdf[i-1] ≤ u · total < cdf[i] per row: (N, V) non-negative, (N,) → (N,)."""
+    cdf = weights.cumsum(-1)
     target = uniforms.to(cdf.dtype).unsqueeze(-1) * cdf[:, -1:]
-    choice = torch.searchsorted(cdf, target, right=True).clamp(max=cdf.shape[-1] - 1)
-    return order.gather(-1, choice).squeeze(-1)
+    return torch.searchsorted(cdf, target, right=True).clamp(max=cdf.shape[-1] - 1).squeeze(-1)
 
 
 @dataclass(frozen=True)
 class Generation:
     """response_ids (N, T) right-padded with pad after the first EOS; response_mask (N, T) bool,
-    True up to and including the first EOS."""
+    True up to and including the first EOS; logprobs (N, T) log π(a_t|s_t) of the drawn tokens
+    (log softmax(logits / temperature), 0 where masked) when asked for, else None."""
 
     response_ids: Tensor
     response_mask: Tensor
+    logprobs: Tensor | None = None
 
 
 @torch.no_grad()
@@ -74,12 +83,16 @@ def generate(
     temperature: float = 1.0,
     top_p: float = 1.0,
     uniforms: Tensor | None = None,
+    logprobs: bool = False,
 ) -> Generation:
     """Decode up to `max_new_tokens` per row with the model's KV cache, in the caller's role.
 
     `uniforms` (N, max_new_tokens) drives sampling; None means greedy. Stops early once every row
-    has emitted EOS. With `stack.share_prompts`, each distinct prompt is prefilled once and its
-    cache shared by its samples (models/prefix.py).
+    has emitted EOS. `logprobs`: also return each drawn token's log-probability under the full
+    (untruncated) tempered policy, computed from the decoding logits in at least float32 exactly as
+    a full forward computes it (`stack.token_logprobs`), so it serves as log π_old. With
+    `stack.share_prompts`, each distinct prompt is prefilled once and its cache shared by its
+    samples (models/prefix.py).
     """
     model = stack.lm
     attention = prompt_mask.long()
@@ -89,12 +102,15 @@ def generate(
     logits = shared_prefill(model, prompt_ids, attention, positions, cache, groups)
     n = prompt_ids.shape[0]
     done = torch.zeros(n, dtype=torch.bool, device=prompt_ids.device)
-    tokens, masks = [], []
+    tokens, masks, lps = [], [], []
     position = positions[:, -1:]
     for t in range(max_new_tokens):
         u = None if uniforms is None else uniforms[:, t]
         token = pick_tokens(logits[:, -1].float(), temperature, top_p, u)
         token = torch.where(done, torch.full_like(token, pad_id), token)
+        if logprobs:
+            lp = token_logprobs(logits[:, -1].to(at_least_float32(logits.dtype)) / temperature, token)
+            lps.append(torch.where(done, torch.zeros_like(lp), lp))
         masks.append(~done)
         tokens.append(token)
         done = done | (token == eos_id)
@@ -106,4 +122,5 @@ def generate(
             input_ids=token[:, None], attention_mask=attention, position_ids=position,
             cache=cache, use_cache=True,
         ).logits
-    return Generation(torch.stack(tokens, dim=1), torch.stack(masks, dim=1))
+    return Generation(torch.stack(tokens, dim=1), torch.stack(masks, dim=1),
+                      torch.stack(lps, dim=1) if logprobs else None)

@@ -45,7 +45,7 @@ from .data import PromptSampler, stream_digest
 from .dist_stats import global_kl, global_row
 from .evaluate import EvalResult, evaluate
 from .reporting import NullReporter, Reporter
-from .rollout import RolloutPlan, rollout
+from .rollout import RolloutPlan, generation_logprobs, rollout
 from .signals import graceful_stop
 from .trackers import Trackers, check_available, open_trackers
 from .update import Targets, make_optimizers, update
@@ -113,7 +113,8 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
         dist = shard_base(stack, dist)
     check_context(task, tokenizer, base.config, config.rollout.max_new_tokens)
     plan = RolloutPlan(reference=config.kl.beta > 0, critic=spec.needs.critic, greedy=spec.needs.greedy,
-                       old_logprobs=not config.update.on_policy_logprobs)
+                       old_logprobs=not config.update.on_policy_logprobs,
+                       from_generation=generation_logprobs(config.rollout, base.dtype))
     if not resume:
         folder.write_config(config)
     return Session(
