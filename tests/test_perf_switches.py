@@ -173,6 +173,8 @@ def test_config_lists_the_choices_and_reads_yaml_booleans(tmp_path: Path) -> Non
         recipe.write_text(f"algo: grpo\nrollout: {{prompts_per_step: 2, num_generations: 4}}\n"
                           f"update: {{minibatch_size: 8, on_policy_logprobs: {text}}}\n")
         assert load_config(recipe).update.on_policy_logprobs == value, text
+    recipe.write_text("data:\n  chat_template: off\n")  # the README's example: YAML reads `off` as false
+    assert load_config(recipe).data.chat_template == "off"
 
 
 def _counted_run(monkeypatch: pytest.MonkeyPatch, config, resume: bool = False) -> list[str]:
