@@ -46,7 +46,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=vs.MODEL)
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--fast", action="store_true", help="update.on_policy_logprobs=true")
+    ap.add_argument("--fast", action="store_true", help="update.on_policy_logprobs=on (else off)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

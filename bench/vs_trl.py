@@ -13,7 +13,8 @@ the first step of each run is a warm-up and is not counted.
 
     python bench/vs_trl.py --model PATH --out bench-results.json [--steps 4] [--reps 2]
 
-Contenders: llmrl-grpo (defaults), llmrl-grpo-fast (update.on_policy_logprobs), llmrl-rloo-fast,
+Contenders: llmrl-grpo (update.on_policy_logprobs=off), llmrl-grpo-fast (=on: what the default 'auto'
+gives this on-policy configuration), llmrl-rloo-fast,
 trl-grpo, trl-rloo, llmrl-ppo (actor + critic + reference on one base), bound (plain HF generate,
 llmrl's own generate, one no-grad forward, one LoRA forward + backward). TRL is optional
 (`pip install -e '.[bench]'`); without it the TRL rows are skipped.

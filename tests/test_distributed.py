@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 import tests.dist_plugin  # noqa: F401  (registers dist_digits and dist_dying here too)
 from llmrl import load_config, read_run, train
 from llmrl.checkpoint import list_checkpoints
+from llmrl.config.load import on_policy_update
 from llmrl.distributed import DistContext
 from llmrl.engine.reporting import NullReporter
 from llmrl.engine.trainer import setup
@@ -37,6 +38,10 @@ CASES = {
     # a group algorithm: G = 4 samples of a prompt stay on one rank, KL in the loss
     "grpo": {"algo": "grpo", "rollout.prompts_per_step": 4, "rollout.num_generations": 4,
              "update.minibatch_size": 8},
+    # one minibatch of all 16 rows: update.on_policy_logprobs=auto skips the rollout's actor forward
+    # and each rank's update forward fills in its rows' log π_old; sharded base, micro-batches
+    "grpo-on-policy-sharded": {"algo": "grpo", "rollout.prompts_per_step": 4, "rollout.num_generations": 4,
+                               "update.minibatch_size": 16, "update.micro_batch_size": 3},
 }
 EXACT = ("step", "reward_mean", "tokens", "response_len", "prompts_seen", "prompt_digest", "zero_advantage",
          "skipped_updates", "beta")
@@ -64,9 +69,11 @@ def _single(model: Path, out: Path, task: str, steps: int, settings: dict) -> No
     train(load_config(overrides={"model.name": str(model), "task": task, "steps": steps, "out": str(out), **settings}))
 
 
-@pytest.mark.parametrize(("name", "entry"), [("ppo-sharded", "nproc"), ("grpo", "torchrun")])
+@pytest.mark.parametrize(("name", "entry"), [("ppo-sharded", "nproc"), ("grpo", "torchrun"),
+                                             ("grpo-on-policy-sharded", "nproc")])
 def test_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path, name: str, entry: str) -> None:
     settings = {**COMMON, **CASES[name]}
+    assert on_policy_update(load_config(overrides=settings)) == ("on-policy" in name)
     sharded = {"dist.shard_base": True} if name.endswith("sharded") else {}
     proc = _launch(entry, tiny_model_dir, tmp_path / "two", "dist_digits", 3, {**settings, **sharded})
     assert proc.returncode == 0, proc.stderr[-3000:]

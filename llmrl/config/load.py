@@ -177,6 +177,8 @@ def build(flat: Mapping[str, Any]) -> Config:
         if key not in types_:
             raise ConfigError(f"Unknown setting '{key}'{_closest(key)}")
         tp, f = types_[key]
+        if isinstance(value, bool) and "bool_words" in f.metadata:  # YAML's on/off/true/false → 'on'/'off'
+            value = f.metadata["bool_words"][value]
         value = coerce(key, value, tp)
         check_bounds(key, value, f.metadata)
         head, _, leaf = key.partition(".")
@@ -221,13 +223,28 @@ def _check_consistency(config: Config) -> None:
             f"'update.minibatch_size' ({config.update.minibatch_size}) exceeds the rows per step "
             f"(rollout.prompts_per_step × rollout.num_generations = {rows})."
         )
-    u = config.update
-    if u.on_policy_logprobs and (u.epochs > 1 or u.minibatch_size < rows
-                                 or (config.kl.placement == "reward" and config.kl.beta > 0)):
+    if config.update.on_policy_logprobs == "on" and not exactly_on_policy(config):
         raise ConfigError(
             "'update.on_policy_logprobs' needs one exactly on-policy update: update.epochs=1, "
             f"update.minibatch_size={rows} (all rows of a step) and no KL in the reward (kl.placement=loss or kl.beta=0)."
         )
+
+
+def exactly_on_policy(config: Config) -> bool:
+    """Whether every row's log π_old equals the detached log π of the update's own forward: one
+    epoch (update.epochs = 1) of one minibatch holding all B·G rows of the step, so the only
+    optimizer step comes after every forward, and no −β·KL_t in the reward (which needs log π_old
+    before the update, when the advantages are computed)."""
+    u, kl = config.update, config.kl
+    rows = config.rollout.prompts_per_step * config.rollout.num_generations
+    return u.epochs == 1 and u.minibatch_size >= rows and not (kl.placement == "reward" and kl.beta > 0)
+
+
+def on_policy_update(config: Config) -> bool:
+    """`update.on_policy_logprobs` resolved: 'auto' and 'on' → `exactly_on_policy(config)` (load_config
+    refuses 'on' for an update that is not), 'off' → False. The one place the engine (rollout plan,
+    update) learns whether to skip the rollout's no-grad actor forward."""
+    return config.update.on_policy_logprobs != "off" and exactly_on_policy(config)
 
 
 def to_tree(config: Config) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 A key is addressed by its dotted path (`update.lr_actor`), in recipes (nested YAML) and in
 `--set key=value` overrides alike. Field metadata drives validation (`choices`, `min`, `max`,
-`gt`) and the help text `llmrl train --help-config` prints.
+`gt`; `bool_words`: the (false, true) choices a YAML boolean stands for, so `on`/`off`/`true` work
+for an 'auto'/'on'/'off' key) and the help text `llmrl train --help-config` prints.
 """
 
 from __future__ import annotations
@@ -95,9 +96,12 @@ class UpdateConfig:
     ent_coef: float = opt(0.0, "entropy bonus coefficient", min=0)
     max_grad_norm: float | None = opt(1.0, "gradient norm clip; null: off", gt=0)
     max_bad_steps: int = opt(3, "stop after this many steps in a row whose loss or gradient was not finite", min=1)
-    on_policy_logprobs: bool = opt(
-        False, "one epoch of one minibatch only: take log π_old from the update's own forward (ratio ≡ 1) "
-        "instead of a separate no-grad forward in the rollout; same numbers up to float rounding, one forward less",
+    on_policy_logprobs: str = opt(
+        "auto", "take log π_old from the update's own forward (ratio ≡ 1) instead of a separate no-grad forward "
+        "in the rollout: one forward less, same numbers up to float rounding; exact only for an on-policy update "
+        "(update.epochs=1, update.minibatch_size = all rows of a step, no KL in the reward). 'auto': whenever the "
+        "update is on-policy; 'on': require it; 'off': never (true/false mean on/off)",
+        choices=("auto", "on", "off"), bool_words=("off", "on"),
     )
     loss_agg: str = opt(
         "token-mean", "how per-token losses become one number",
@@ -143,7 +147,7 @@ class DataConfig:
     max_rows: int | None = opt(None, "use only the first N rows of the dataset (and of eval_dataset)", min=1)
     chat_template: str = opt(
         "auto", "'auto': apply the tokenizer's chat template when it has one; 'on': require one; 'off': raw text prompts",
-        choices=("auto", "on", "off"),
+        choices=("auto", "on", "off"), bool_words=("off", "on"),
     )
 
 

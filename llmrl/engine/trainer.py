@@ -28,6 +28,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from ..config import Config
+from ..config.load import on_policy_update
 from ..distributed import SINGLE, DistContext, distributed
 from ..checkpoint import list_checkpoints, load_checkpoint, restore_rng, rng_state, save_checkpoint
 from ..errors import ConfigError, LLMRLError, RunFailed
@@ -113,7 +114,7 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
         dist = shard_base(stack, dist)
     check_context(task, tokenizer, base.config, config.rollout.max_new_tokens)
     plan = RolloutPlan(reference=config.kl.beta > 0, critic=spec.needs.critic, greedy=spec.needs.greedy,
-                       old_logprobs=not config.update.on_policy_logprobs,
+                       old_logprobs=not on_policy_update(config),
                        from_generation=generation_logprobs(config.rollout, base.dtype))
     if not resume:
         folder.write_config(config)
@@ -179,7 +180,7 @@ def train_step(s: Session, step: int) -> dict[str, Any]:
     beta = s.kl.beta
     out = estimate(s.spec, batch, shape_rewards(batch, beta, cfg.kl), cfg.estimator, s.dist)
     stats = update(s.stack, s.opts, batch, Targets(out.advantages, out.returns), cfg.update, cfg.kl,
-                   beta, cfg.rollout.temperature, s.generator, s.dist)
+                   beta, cfg.rollout.temperature, s.generator, s.dist, on_policy=not s.plan.old_logprobs)
     kl = global_kl(s.dist, batch) if s.dist.active else sequence_kl(batch)
     if kl is not None:
         s.kl.update(kl, batch.rows * s.dist.world_size)

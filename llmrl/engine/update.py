@@ -68,12 +68,13 @@ def _token_share(mask: Tensor, totals: dict[str, float]) -> float:
 
 
 def _actor_loss(stack: PolicyStack, mb: RolloutBatch, adv: Tensor, cfg: UpdateConfig, kl: KLConfig,
-                beta: float, temperature: float, totals: dict[str, float]) -> tuple[Tensor, dict[str, float]]:
+                beta: float, temperature: float, totals: dict[str, float],
+                on_policy: bool = False) -> tuple[Tensor, dict[str, float]]:
     seq = layout(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)
     logits = stack.response_logits(seq, temperature)
     lp = token_logprobs(logits, mb.response_ids)
     mask = mb.response_mask
-    if cfg.on_policy_logprobs:  # exactly on-policy: π_old = the current policy, detached
+    if on_policy:  # exactly on-policy: π_old = the current policy, detached
         mb.old_logprobs = torch.where(mask, lp.detach(), torch.zeros_like(lp))
     pl = policy_loss(lp, mb.old_logprobs, adv, mask, cfg.clip_eps, cfg.clip_eps_high, cfg.dual_clip, cfg.loss_agg, **totals)
     loss = pl.loss
@@ -101,12 +102,14 @@ def _critic_loss(stack: PolicyStack, mb: RolloutBatch, returns: Tensor, cfg: Upd
 
 def _pass(role: str, stack: PolicyStack, opt: torch.optim.Optimizer, batch: RolloutBatch, rows: Tensor,
           totals: dict[str, float], target: Tensor, cfg: UpdateConfig, loss_fn, keys: tuple[str, ...],
-          moments: GradMoments | None = None, dist: DistContext = SINGLE, lockstep: int = 0) -> dict[str, float]:
+          moments: GradMoments | None = None, dist: DistContext = SINGLE, lockstep: int = 0,
+          fill_old: bool = False) -> dict[str, float]:
     """Accumulate gradients over micro-batches of `rows` (this rank's rows of the minibatch, whose
     global token and row counts are `totals`), sum them over ranks, then one clipped optimizer step.
 
     `moments`, when given, records the finite pre-clip gradient (see grad_stats.py). `lockstep`
-    (sharded base only): run zero-weight micro-batches until this many forwards/backwards ran."""
+    (sharded base only): run zero-weight micro-batches until this many forwards/backwards ran.
+    `fill_old`: copy each micro-batch's old log-probs (set by an on-policy loss) back into `batch`."""
     opt.zero_grad(set_to_none=True)
     stats: dict[str, float] = defaultdict(float)
     finite = True
@@ -118,7 +121,7 @@ def _pass(role: str, stack: PolicyStack, opt: torch.optim.Optimizer, batch: Roll
         for micro in micros:
             mb = batch.select(micro)
             loss, s = loss_fn(mb, target[micro], totals)
-            if role == "actor" and cfg.on_policy_logprobs:
+            if fill_old:
                 batch.old_logprobs[micro] = mb.old_logprobs.to(batch.old_logprobs.dtype)
             finite &= bool(torch.isfinite(loss))
             if finite or dist.lockstep:  # a sharded backward is a collective: run it (its grads are dropped)
@@ -144,15 +147,17 @@ def _pass(role: str, stack: PolicyStack, opt: torch.optim.Optimizer, batch: Roll
 
 def update(stack: PolicyStack, opts: dict[str, torch.optim.Optimizer], batch: RolloutBatch, targets: Targets,
            cfg: UpdateConfig, kl: KLConfig, beta: float, temperature: float, generator: torch.Generator,
-           dist: DistContext = SINGLE) -> dict[str, float]:
+           dist: DistContext = SINGLE, on_policy: bool = False) -> dict[str, float]:
     """Fit the actor (and critic) to one rollout batch; returns minibatch-averaged statistics
     plus the actor's gradient noise across minibatches (grad_stats.py).
 
     In a data-parallel run `batch` is this rank's rows [r·n, (r+1)·n) of the global batch of
-    n·W rows, and every rank must call this with the same generator state."""
+    n·W rows, and every rank must call this with the same generator state. `on_policy` (see
+    `config.load.on_policy_update`; the rollout then left `batch.old_logprobs` at 0): the actor's
+    own forward provides log π_old, detached, and writes it back into `batch` (for the logged KL)."""
     history: dict[str, list[float]] = defaultdict(list)
     moments = GradMoments()
-    actor_fn = lambda mb, adv, totals: _actor_loss(stack, mb, adv, cfg, kl, beta, temperature, totals)  # noqa: E731
+    actor_fn = lambda mb, adv, totals: _actor_loss(stack, mb, adv, cfg, kl, beta, temperature, totals, on_policy)  # noqa: E731
     critic_fn = lambda mb, ret, totals: _critic_loss(stack, mb, ret, cfg, totals)  # noqa: E731
     row_tokens = dist.gather_rows(batch.response_mask.sum(-1))  # (N_global,) tokens per row
     micros = lambda rows: _most_micro_batches(rows, batch.rows, dist.world_size, cfg.micro_batch_size) if dist.lockstep else 0  # noqa: E731
@@ -163,7 +168,7 @@ def update(stack: PolicyStack, opts: dict[str, torch.optim.Optimizer], batch: Ro
             mine = dist.local_rows(rows, batch.rows)
             most = micros(rows)
             for k, v in _pass("actor", stack, opts["actor"], batch, mine, totals, targets.advantages, cfg, actor_fn,
-                              ACTOR_STATS, moments, dist, most).items():
+                              ACTOR_STATS, moments, dist, most, fill_old=on_policy).items():
                 history[k].append(v)
             if "critic" in opts and targets.returns is not None:
                 for k, v in _pass("critic", stack, opts["critic"], batch, mine, totals, targets.returns, cfg, critic_fn,

@@ -94,6 +94,11 @@ class PolicyStack(nn.Module):
         """The causal LM with the LoRA layers injected (what generation calls)."""
         return self.peft.base_model.model
 
+    @property
+    def role(self) -> str:
+        """The role the stack runs as now: 'actor', 'critic' or 'reference'."""
+        return self._role
+
     @contextmanager
     def use(self, role: str) -> Iterator[None]:
         """Run the body as `role`: 'actor', 'critic' or 'reference' (adapters disabled)."""
@@ -101,8 +106,12 @@ class PolicyStack(nn.Module):
             raise ValueError(f"unknown or unavailable role '{role}'")
         previous = self._role
         if role == "reference":
-            with self.peft.disable_adapter():
-                yield
+            self._role = role
+            try:
+                with self.peft.disable_adapter():
+                    yield
+            finally:
+                self._role = previous
             return
         self.peft.set_adapter(role)
         self._role = role
