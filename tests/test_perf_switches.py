@@ -195,7 +195,9 @@ def _counted_run(monkeypatch: pytest.MonkeyPatch, config, resume: bool = False) 
 def _tiny(model: Path, out: Path, **sets) -> dict:
     """The eligible grpo shape on the random tiny model with a dense reward, 2 steps, no eval."""
     return {**ELIGIBLE, "model.name": str(model), "task": "dist_digits", "estimator.module": "tests.dist_plugin",
-            "steps": 2, "out": str(out), "eval.size": 0, "lora.r": 4, "lora.alpha": 4, "update.lr_actor": 1e-2, **sets}
+            "steps": 2, "out": str(out), "eval.size": 0, "lora.r": 4, "lora.alpha": 4, "update.lr_actor": 1e-2,
+            # the other way to skip the actor forward (tests/test_generation_logprobs.py) is off here
+            "rollout.generation_logprobs": False, **sets}
 
 
 def _rows(run: Path) -> list[dict]:
