@@ -46,7 +46,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.vs_trl import LR, MODEL, NEW_TOKENS, PROMPTS, GENERATIONS, SEED, TARGETS, vm_hwm_mib
+try:  # `python -m bench.trl_ppo` from the repo root, or imported by `python bench/vs_trl.py` (bench/ on sys.path)
+    from bench.vs_trl import GENERATIONS, LR, MODEL, NEW_TOKENS, PROMPTS, SEED, TARGETS, vm_hwm_mib
+except ModuleNotFoundError:
+    from vs_trl import GENERATIONS, LR, MODEL, NEW_TOKENS, PROMPTS, SEED, TARGETS, vm_hwm_mib
 
 TRL_VERSION = "1.12.0"
 TRL_DIR = Path(__file__).resolve().parent / ".trl-1.12"
