@@ -100,7 +100,11 @@ def value_loss(
 
 def entropy_from_logits(logits: Tensor) -> Tensor:
     """H_t = −Σ_v p_v log p_v, (…, V) → (…)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    return entropy_from_logprobs(torch.log_softmax(logits.float(), dim=-1))
+
+
+def entropy_from_logprobs(logp: Tensor) -> Tensor:
+    """H_t = −Σ_v exp(log p_v) log p_v from log-probabilities already computed, (…, V) → (…)."""
     return -(logp.exp() * logp).sum(-1)
 
 

@@ -21,9 +21,9 @@ from torch import Tensor
 
 from ..batch import RolloutBatch
 from ..config.schema import KLConfig, UpdateConfig
-from ..losses import aggregate, entropy_from_logits, kl_penalty, policy_loss, value_loss
+from ..losses import aggregate, entropy_from_logprobs, kl_penalty, policy_loss, value_loss
 from ..distributed import SINGLE, DistContext
-from ..models.stack import PolicyStack, layout, token_logprobs
+from ..models.stack import PolicyStack, layout
 from .grad_stats import GradMoments
 
 
@@ -71,14 +71,15 @@ def _actor_loss(stack: PolicyStack, mb: RolloutBatch, adv: Tensor, cfg: UpdateCo
                 beta: float, temperature: float, totals: dict[str, float],
                 on_policy: bool = False) -> tuple[Tensor, dict[str, float]]:
     seq = layout(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)
-    logits = stack.response_logits(seq, temperature)
-    lp = token_logprobs(logits, mb.response_ids)
+    logp = torch.log_softmax(stack.response_logits(seq, temperature), dim=-1)  # (N, T, V), once for both uses
+    lp = logp.gather(-1, mb.response_ids.unsqueeze(-1)).squeeze(-1)
     mask = mb.response_mask
     if on_policy:  # exactly on-policy: π_old = the current policy, detached
         mb.old_logprobs = torch.where(mask, lp.detach(), torch.zeros_like(lp))
     pl = policy_loss(lp, mb.old_logprobs, adv, mask, cfg.clip_eps, cfg.clip_eps_high, cfg.dual_clip, cfg.loss_agg, **totals)
     loss = pl.loss
-    entropy = entropy_from_logits(logits) if cfg.ent_coef > 0 else entropy_from_logits(logits.detach())
+    with torch.set_grad_enabled(cfg.ent_coef > 0 and torch.is_grad_enabled()):  # logged only: no graph
+        entropy = entropy_from_logprobs(logp)
     ent = aggregate(entropy, mask, cfg.loss_agg, **totals)
     loss = loss - cfg.ent_coef * ent
     if kl.placement == "loss" and beta > 0 and mb.ref_logprobs is not None:

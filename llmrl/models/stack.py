@@ -149,7 +149,8 @@ class PolicyStack(nn.Module):
         float64 model, which the exactness tests use)."""
         h = self.hidden(seq)
         logits = self.lm.get_output_embeddings()(h)
-        return logits.to(at_least_float32(logits.dtype)) / temperature
+        logits = logits.to(at_least_float32(logits.dtype))
+        return logits if temperature == 1.0 else logits / temperature  # x / 1 == x: skip the (N, T, V) copy
 
     def values(self, seq: Sequences) -> Tensor:
         """V(s_t) for every response position: value_head(h_t), (N, T). Call under `use('critic')`."""
