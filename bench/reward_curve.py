@@ -101,10 +101,10 @@ def summarise(runs: list[dict[str, Any]], names: list[str], steps: int) -> dict[
                 a, b = table[a_name][w], table[b_name][w]
                 diff, se = a["reward_mean"] - b["reward_mean"], math.hypot(a["reward_se"], b["reward_se"])
                 within = abs(diff) <= 2 * se if math.isfinite(se) else None
-                word = {True: "within", False: "outside", None: "no SE: fewer than 2 steps × seeds, so neither"}[within]
-                verdicts[f"{a_name} - {b_name} ({w})"] = {
-                    "difference": diff, "se": se, "within_2se": within,
-                    "line": f"difference {diff:+.3f} ± {se:.3f} ({word} 2 SE)"}
+                line = (f"difference {diff:+.3f} ± {se:.3f} ({'within' if within else 'outside'} 2 SE)"
+                        if within is not None else f"difference {diff:+.3f} (no SE: fewer than 2 values per contender)")
+                verdicts[f"{a_name} - {b_name} ({w})"] = {"difference": diff, "se": se, "within_2se": within,
+                                                          "line": line}
     return {"table": table, "verdicts": verdicts, "same_prompts": same_prompts(ok, ours, theirs),
             "last_half_from_step": half + 1}
 

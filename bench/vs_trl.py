@@ -68,7 +68,8 @@ def llmrl_overrides(model: str, algo: str, on_policy_logprobs: bool | None, *, d
     """The issue-8 configuration as llmrl config overrides. `on_policy_logprobs=None` leaves that
     switch (and every other performance switch) at the engine's default."""
     overrides = {
-        "algo": algo, "task": "chat_sum", "seed": seed, "threads": THREADS, "out": out or tempfile.mkdtemp(prefix="bench-llmrl-"),
+        "algo": algo, "task": "chat_sum", "seed": seed, "threads": THREADS,
+        "out": out or tempfile.mkdtemp(prefix="bench-llmrl-"),
         "model.name": model, "model.dtype": dtype, "model.device": "cpu", "data.chat_template": "auto",
         "lora.r": 16, "lora.alpha": 32.0, "lora.dropout": 0.0, "lora.target_modules": TARGETS,
         "rollout.prompts_per_step": PROMPTS, "rollout.num_generations": 1 if algo == "ppo" else GENERATIONS,
@@ -110,6 +111,18 @@ def dtypes_of(model: Any) -> dict[str, str]:
     return {"base_dtype": str(base), "adapter_dtype": str(lora)}
 
 
+def probe_autocast(module: Any, seen: dict[str, Any]) -> None:
+    """Record in seen["autocast"] whether the first gradient-enabled forward of `module` runs under
+    CPU autocast (what a trainer really does, not what its flags say)."""
+    import torch
+
+    def hook(mod: Any, args: Any, kwargs: Any) -> None:
+        if torch.is_grad_enabled():
+            seen.setdefault("autocast", torch.is_autocast_enabled("cpu"))
+
+    module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
 def llmrl_run(model: str, name: str, steps: int, dtype: str = "float32", seed: int = SEED,
               lr: float = LR) -> dict[str, Any]:
     """`steps` llmrl train steps (setup as `llmrl train` does, no eval, no checkpoints)."""
@@ -122,6 +135,8 @@ def llmrl_run(model: str, name: str, steps: int, dtype: str = "float32", seed: i
     algo, on_policy = LLMRL[name]
     config = load_config(overrides=llmrl_overrides(model, algo, on_policy, dtype=dtype, seed=seed, lr=lr))
     s = setup(config, NullReporter(), overwrite=True)
+    seen: dict[str, Any] = dtypes_of(s.stack)
+    probe_autocast(s.stack.lm.get_decoder(), seen)  # the update's forward runs the decoder directly
     times, tokens, rewards, lengths, prompts, rows = [], [], [], [], [], []
     for step in range(steps):
         prompts.append([question(s.task.train[i]["prompt"]) for i in s.sampler.indices(step).tolist()])
@@ -133,8 +148,7 @@ def llmrl_run(model: str, name: str, steps: int, dtype: str = "float32", seed: i
         lengths.append(row["response_len"])
         rows.append({k: v for k, v in row.items() if isinstance(v, (int, float, bool, str)) or v is None})
     return {"step_s": times, "tokens": tokens, "reward": rewards, "completion_len": lengths, "prompts": prompts,
-            "metrics": rows, "llmrl_config": asdict(config), **dtypes_of(s.stack),
-            "autocast": False}  # llmrl never autocasts: weights in model.dtype, LoRA in fp32 (peft's default)
+            "metrics": rows, "llmrl_config": asdict(config), **seen}
 
 
 def trl_args(kind: str, *, steps: int, dtype: str = "float32", seed: int = SEED, lr: float = LR,
@@ -169,7 +183,6 @@ def trl_args(kind: str, *, steps: int, dtype: str = "float32", seed: int = SEED,
 def trl_run(model: str, kind: str, steps: int, dtype: str = "float32", seed: int = SEED, lr: float = LR,
             gradient_checkpointing: bool = False) -> dict[str, Any]:
     """`steps` TRL GRPOTrainer / RLOOTrainer steps with the same model, LoRA, batch, prompts and reward."""
-    import torch
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoTokenizer, TrainerCallback
@@ -202,12 +215,7 @@ def trl_run(model: str, kind: str, steps: int, dtype: str = "float32", seed: int
             seen.update(dtypes_of(model))
             base = model.get_base_model() if hasattr(model, "get_base_model") else model
             seen["gradient_checkpointing"] = bool(getattr(base, "is_gradient_checkpointing", False))
-
-            def hook(module, args_, kwargs_):  # noqa: ANN001
-                if torch.is_grad_enabled():
-                    seen.setdefault("autocast", torch.is_autocast_enabled("cpu"))
-
-            base.register_forward_pre_hook(hook, with_kwargs=True)
+            probe_autocast(base, seen)
 
         def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001
             self.t0 = time.perf_counter()
