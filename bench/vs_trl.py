@@ -2,19 +2,22 @@
 second, peak RSS, and llmrl's step time against the floor of its own algorithm.
 
 Configuration (issue 8): SmolLM2-135M-Instruct, LoRA r=16 (α=32) on q,k,v,o, 2 prompts × 4 samples,
-32 new tokens, β=0.04 (KL k3 in the loss), one update per batch, temperature 1, fp32, chat prompts
-"What is a+b?" (a, b in 1..20, llmrl's `chat_sum` train split), reward 1.0 when the last number of
-the completion is the sum (llmrl's `numeric` reward, given to TRL too).
+32 new tokens, β=0.04 (KL k3 in the loss), one update per batch, temperature 1, fp32 (or bf16 with
+`--dtype bfloat16`, for every contender alike), chat prompts "What is a+b?" (a, b in 1..20, llmrl's
+`chat_sum` train split, TRL gets llmrl's own prompt order), reward 1.0 when the last number of the
+completion is the sum (llmrl's `numeric` reward, given to TRL too). TRL runs with its defaults
+aligned to llmrl's (see `trl_args`): constant learning rate, no gradient checkpointing, no autocast.
 
 Every contender runs in its own subprocess (peak RSS = VmHWM of that process), with
 torch.set_num_threads(THREADS); repetitions alternate the contenders (A, B, C, A, B, C, ...), so a
 slow patch of a shared CPU hits all of them. A step is timed end to end (rollout, reward, update);
 the first step of each run is a warm-up and is not counted.
 
-    python bench/vs_trl.py --model PATH --out bench-results.json [--steps 4] [--reps 2]
+    python bench/vs_trl.py --model PATH --out bench-results.json [--steps 4] [--reps 2] [--dtype bfloat16]
 
-Contenders: llmrl-grpo (update.on_policy_logprobs=off), llmrl-grpo-fast (=on: what the default 'auto'
-gives this on-policy configuration), llmrl-rloo-fast,
+Contenders: llmrl-grpo-defaults (no performance switch set: what the engine's defaults give, here
+update.on_policy_logprobs=auto → on), llmrl-grpo (update.on_policy_logprobs=off pinned: log π_old
+then comes from the decoding logits, rollout.generation_logprobs), llmrl-grpo-fast (=on), llmrl-rloo-fast,
 trl-grpo, trl-rloo, llmrl-ppo (actor + critic + reference on one base), bound (plain HF generate,
 llmrl's own generate, one no-grad forward, one LoRA forward + backward). TRL is optional
 (`pip install -e '.[bench]'`); without it the TRL rows are skipped.
@@ -38,7 +41,17 @@ PROMPTS, GENERATIONS, NEW_TOKENS, BETA, LR, SEED = 2, 4, 32, 0.04, 1e-5, 0
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 # the issue's figures for TRL 1.12's experimental PPOTrainer (policy + reference + value model), 2 threads
 ISSUE_PPO = {"s_per_step": 10.63, "peak_rss_mib": 5.3 * 1024}
-CONTENDERS = ["llmrl-grpo", "llmrl-grpo-fast", "trl-grpo", "llmrl-rloo-fast", "trl-rloo", "llmrl-ppo", "bound"]
+CONTENDERS = ["llmrl-grpo-defaults", "llmrl-grpo", "llmrl-grpo-fast", "trl-grpo", "llmrl-rloo-fast", "trl-rloo",
+              "llmrl-ppo", "trl-ppo", "bound"]
+# llmrl contender → (algorithm, update.on_policy_logprobs); None leaves the key at the engine's default
+LLMRL = {"llmrl-grpo-defaults": ("grpo", None), "llmrl-grpo": ("grpo", False), "llmrl-grpo-fast": ("grpo", True),
+         "llmrl-rloo-fast": ("rloo", True), "llmrl-ppo": ("ppo", False)}
+LABELS = {"llmrl-grpo-defaults": "llmrl grpo (defaults)", "llmrl-grpo": "llmrl grpo, on_policy_logprobs=false",
+          "llmrl-grpo-fast": "llmrl grpo, on_policy_logprobs=true", "trl-grpo": "TRL GRPOTrainer",
+          "llmrl-rloo-fast": "llmrl rloo-style, on_policy_logprobs", "trl-rloo": "TRL RLOOTrainer",
+          "llmrl-ppo": "llmrl ppo (actor+critic+ref)", "trl-ppo": "TRL 1.12 PPOTrainer (bench/trl_ppo.py)",
+          "bound": "floor pieces"}
+DTYPES = ("float32", "bfloat16")
 
 
 # ---- children: one contender per process ---------------------------------------------------------
@@ -51,91 +64,186 @@ def vm_hwm_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def llmrl_run(model: str, algo: str, fast: bool, steps: int) -> dict[str, Any]:
-    """`steps` llmrl train steps (setup as `llmrl train` does, no eval, no checkpoints)."""
-    from llmrl import load_config
-    from llmrl.engine.reporting import NullReporter
-    from llmrl.engine.trainer import setup, train_step
-
-    out = tempfile.mkdtemp(prefix="bench-llmrl-")
+def llmrl_overrides(model: str, algo: str, on_policy_logprobs: bool | None, *, dtype: str = "float32",
+                    seed: int = SEED, lr: float = LR, out: str | None = None) -> dict[str, Any]:
+    """The issue-8 configuration as llmrl config overrides. `on_policy_logprobs=None` leaves that
+    switch (and every other performance switch) at the engine's default."""
     overrides = {
-        "algo": algo, "task": "chat_sum", "seed": SEED, "threads": THREADS, "out": out,
-        "model.name": model, "model.dtype": "float32", "model.device": "cpu", "data.chat_template": "auto",
+        "algo": algo, "task": "chat_sum", "seed": seed, "threads": THREADS,
+        "out": out or tempfile.mkdtemp(prefix="bench-llmrl-"),
+        "model.name": model, "model.dtype": dtype, "model.device": "cpu", "data.chat_template": "auto",
         "lora.r": 16, "lora.alpha": 32.0, "lora.dropout": 0.0, "lora.target_modules": TARGETS,
         "rollout.prompts_per_step": PROMPTS, "rollout.num_generations": 1 if algo == "ppo" else GENERATIONS,
-        "rollout.max_new_tokens": NEW_TOKENS, "rollout.temperature": 1.0,
+        "rollout.max_new_tokens": NEW_TOKENS, "rollout.temperature": 1.0, "rollout.top_p": 1.0,
         "update.epochs": 1, "update.minibatch_size": PROMPTS * (1 if algo == "ppo" else GENERATIONS),
-        "update.lr_actor": LR, "update.on_policy_logprobs": fast,
-        "eval.size": 0, "checkpoint.every": 0,
+        "update.lr_actor": lr, "eval.size": 0, "checkpoint.every": 0,
     }
+    if on_policy_logprobs is not None:
+        overrides["update.on_policy_logprobs"] = on_policy_logprobs
     if algo == "ppo":  # same rows per step: 8 prompts × 1 sample
         overrides["rollout.prompts_per_step"] = PROMPTS * GENERATIONS
     else:
         overrides.update({"kl.beta": BETA, "kl.estimator": "k3", "kl.placement": "loss"})
-    config = load_config(overrides=overrides)
+    return overrides
+
+
+def prompt_stream(steps: int, seed: int = SEED) -> list[dict[str, Any]]:
+    """The chat_sum train rows llmrl's GRPO/RLOO run with `seed` reads in its first `steps` steps
+    (PROMPTS per step), in that order: TRL is given exactly these, unshuffled, so both see the same
+    prompts at the same step."""
+    from llmrl.engine.data import PromptSampler
+    from llmrl.tasks import get_task
+
+    train = get_task("chat_sum").train
+    sampler = PromptSampler(len(train), PROMPTS, seed)
+    return [train[i] for step in range(steps) for i in sampler.indices(step).tolist()]
+
+
+def question(prompt: Any) -> str:
+    """The user message of a chat prompt (or the prompt itself)."""
+    return prompt[-1]["content"] if isinstance(prompt, list) else str(prompt)
+
+
+def dtypes_of(model: Any) -> dict[str, str]:
+    """dtype of the frozen base weights and of the trainable LoRA weights of a (peft) model."""
+    named = list(model.named_parameters())
+    base = next((p.dtype for n, p in named if "lora_" not in n), None)
+    lora = next((p.dtype for n, p in named if "lora_" in n and p.requires_grad), None)
+    return {"base_dtype": str(base), "adapter_dtype": str(lora)}
+
+
+def probe_autocast(module: Any, seen: dict[str, Any]) -> None:
+    """Record in seen["autocast"] whether the first gradient-enabled forward of `module` runs under
+    CPU autocast (what a trainer really does, not what its flags say)."""
+    import torch
+
+    def hook(mod: Any, args: Any, kwargs: Any) -> None:
+        if torch.is_grad_enabled():
+            seen.setdefault("autocast", torch.is_autocast_enabled("cpu"))
+
+    module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def llmrl_run(model: str, name: str, steps: int, dtype: str = "float32", seed: int = SEED,
+              lr: float = LR) -> dict[str, Any]:
+    """`steps` llmrl train steps (setup as `llmrl train` does, no eval, no checkpoints)."""
+    from dataclasses import asdict
+
+    from llmrl import load_config
+    from llmrl.engine.reporting import NullReporter
+    from llmrl.engine.trainer import setup, train_step
+
+    algo, on_policy = LLMRL[name]
+    config = load_config(overrides=llmrl_overrides(model, algo, on_policy, dtype=dtype, seed=seed, lr=lr))
     s = setup(config, NullReporter(), overwrite=True)
-    times, tokens, rewards = [], [], []
+    seen: dict[str, Any] = dtypes_of(s.stack)
+    probe_autocast(s.stack.lm.get_decoder(), seen)  # the update's forward runs the decoder directly
+    times, tokens, rewards, lengths, prompts, rows = [], [], [], [], [], []
     for step in range(steps):
+        prompts.append([question(s.task.train[i]["prompt"]) for i in s.sampler.indices(step).tolist()])
         t0 = time.perf_counter()
         row = train_step(s, step)
         times.append(time.perf_counter() - t0)
         tokens.append(row["tokens"])
         rewards.append(row["reward_mean"])
-    return {"step_s": times, "tokens": tokens, "reward": rewards}
+        lengths.append(row["response_len"])
+        rows.append({k: v for k, v in row.items() if isinstance(v, (int, float, bool, str)) or v is None})
+    return {"step_s": times, "tokens": tokens, "reward": rewards, "completion_len": lengths, "prompts": prompts,
+            "metrics": rows, "llmrl_config": asdict(config), **seen}
 
 
-def trl_run(model: str, kind: str, steps: int) -> dict[str, Any]:
-    """`steps` TRL GRPOTrainer / RLOOTrainer steps with the same model, LoRA, batch and reward."""
-    import torch
+def trl_args(kind: str, *, steps: int, dtype: str = "float32", seed: int = SEED, lr: float = LR,
+             gradient_checkpointing: bool = False) -> dict[str, Any]:
+    """GRPOConfig / RLOOConfig keyword arguments for the issue-8 configuration, with every TRL
+    default that differs from llmrl's pinned to llmrl's value:
+    - model_init_kwargs dtype = `dtype` and bf16 = fp16 = False: the weights are loaded in `dtype`, no
+      autocast (TRL's bf16 default is True: accelerate's bf16 autocast, also on CPU); peft keeps the
+      LoRA weights in fp32 as it does for llmrl;
+    - lr_scheduler_type constant (TrainingArguments: linear decay to 0 at max_steps; llmrl: constant);
+    - gradient_checkpointing False (TRL's default is True: one more forward per backward; llmrl: off);
+    - shuffle_dataset False: the dataset is llmrl's prompt order (`prompt_stream`);
+    - GRPO: scale_rewards "group" (A = (R − mean_g) / (std_g + 1e-4), std unbiased; llmrl: + 1e-6) and
+      loss_type "dapo" (Σ over all completion tokens of the batch / their count = llmrl's token-mean),
+      written out so that a TRL release changing its defaults does not change the benchmark.
+    The rest are the same in both: AdamW β = (0.9, 0.999), ε = 1e-8, weight decay 0, gradient norm clip
+    1.0, ratio clip ε = 0.2, k3 KL in the loss, temperature 1, top_p 1, top_k 0."""
+    args = dict(
+        output_dir=tempfile.mkdtemp(prefix="bench-trl-"), per_device_train_batch_size=PROMPTS * GENERATIONS,
+        num_generations=GENERATIONS, max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0, top_k=0,
+        beta=BETA, num_iterations=1, epsilon=0.2, learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0,
+        weight_decay=0.0, max_grad_norm=1.0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8,
+        max_steps=steps, logging_steps=1, report_to="none", save_strategy="no", use_cpu=True,
+        bf16=False, fp16=False, model_init_kwargs={"dtype": dtype}, gradient_checkpointing=gradient_checkpointing,
+        shuffle_dataset=False, seed=seed, dataloader_num_workers=0, gradient_accumulation_steps=1,
+    )
+    if kind == "grpo":
+        args.update(scale_rewards="group", loss_type="dapo")
+    return args
+
+
+def trl_run(model: str, kind: str, steps: int, dtype: str = "float32", seed: int = SEED, lr: float = LR,
+            gradient_checkpointing: bool = False) -> dict[str, Any]:
+    """`steps` TRL GRPOTrainer / RLOOTrainer steps with the same model, LoRA, batch, prompts and reward."""
     from datasets import Dataset
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer, TrainerCallback
     import trl
 
     from llmrl.rewards.builtin import numeric
-    from llmrl.tasks import get_task
 
-    rows = get_task("chat_sum").train[:64]
-    data = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
+    data = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in prompt_stream(steps, seed)])
     tokens: list[int] = []
     rewards: list[float] = []
+    questions: list[list[str]] = []
 
     def reward(prompts, completions, answer, completion_ids=None, **_: Any) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         scores = numeric(prompts, texts, answer=answer)
         tokens.append(sum(len(ids) for ids in completion_ids) if completion_ids is not None else -1)
         rewards.append(sum(scores) / len(scores))
+        questions.append([question(p) for p in prompts[::GENERATIONS]])
         return scores
 
+    reward.__name__ = "numeric"  # TRL logs the reward under the function's name
     times: list[float] = []
+    seen: dict[str, Any] = {}
 
-    class Timer(TrainerCallback):
+    class Probe(TrainerCallback):
+        """Step timer; records what the training model really is (dtypes, checkpointing) and whether
+        its forward runs under autocast."""
+
+        def on_train_begin(self, args, state, control, model=None, **kw):  # noqa: ANN001
+            seen.update(dtypes_of(model))
+            base = model.get_base_model() if hasattr(model, "get_base_model") else model
+            seen["gradient_checkpointing"] = bool(getattr(base, "is_gradient_checkpointing", False))
+            probe_autocast(base, seen)
+
         def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001
             self.t0 = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
             times.append(time.perf_counter() - self.t0)
 
-    common = dict(
-        output_dir=tempfile.mkdtemp(prefix="bench-trl-"), per_device_train_batch_size=PROMPTS * GENERATIONS,
-        num_generations=GENERATIONS, max_completion_length=NEW_TOKENS, temperature=1.0, beta=BETA,
-        num_iterations=1, learning_rate=LR, max_steps=steps, logging_steps=1, report_to="none",
-        save_strategy="no", use_cpu=True, bf16=False, seed=SEED, dataloader_num_workers=0,
-        gradient_accumulation_steps=1,
-    )
     Config, Trainer = (trl.GRPOConfig, trl.GRPOTrainer) if kind == "grpo" else (trl.RLOOConfig, trl.RLOOTrainer)
-    policy = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(model)
+    kwargs = trl_args(kind, steps=steps, dtype=dtype, seed=seed, lr=lr, gradient_checkpointing=gradient_checkpointing)
+    config = Config(**kwargs)
     trainer = Trainer(
-        model=policy, reward_funcs=reward, args=Config(**common), train_dataset=data, processing_class=tok,
+        model=model, reward_funcs=reward, args=config, train_dataset=data,
+        processing_class=AutoTokenizer.from_pretrained(model),
         peft_config=LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=TARGETS, task_type="CAUSAL_LM"),
-        callbacks=[Timer()],
+        callbacks=[Probe()],
     )
+    seen["mixed_precision"] = str(trainer.accelerator.mixed_precision)
     trainer.train()
-    return {"step_s": times, "tokens": tokens[: len(times)], "reward": rewards[: len(times)], "trl": trl.__version__}
+    n = len(times)
+    logs = [h for h in trainer.state.log_history if "step" in h and "train_runtime" not in h]
+    resolved = config.to_dict()
+    return {"step_s": times, "tokens": tokens[:n], "reward": rewards[:n], "prompts": questions[:n],
+            "completion_len": [t / (PROMPTS * GENERATIONS) for t in tokens[:n]], "metrics": logs[:n],
+            "trl": trl.__version__, "trl_args": {k: resolved.get(k) for k in kwargs if k != "output_dir"}, **seen}
 
 
-def bound_run(model: str, reps: int) -> dict[str, Any]:
+def bound_run(model: str, reps: int, dtype: str = "float32") -> dict[str, Any]:
     """Medians over `reps` of the pieces a GRPO step cannot avoid, on one batch of 2 × 4 rows."""
     import torch
 
@@ -146,12 +254,8 @@ def bound_run(model: str, reps: int) -> dict[str, Any]:
     from llmrl.engine.trainer import setup
     from llmrl.models.stack import layout, token_logprobs
 
-    config = load_config(overrides={
-        "algo": "grpo", "task": "chat_sum", "threads": THREADS, "out": tempfile.mkdtemp(prefix="bench-bound-"),
-        "model.name": model, "model.dtype": "float32", "lora.r": 16, "lora.alpha": 32.0,
-        "lora.target_modules": TARGETS, "rollout.prompts_per_step": PROMPTS,
-        "rollout.num_generations": GENERATIONS, "rollout.max_new_tokens": NEW_TOKENS,
-        "update.minibatch_size": PROMPTS * GENERATIONS, "eval.size": 0})
+    config = load_config(overrides=llmrl_overrides(model, "grpo", False, dtype=dtype,
+                                                   out=tempfile.mkdtemp(prefix="bench-bound-")))
     s = setup(config, NullReporter(), overwrite=True)
     with torch.no_grad():  # a trained-looking adapter (B ≠ 0), as after a few steps
         for p in s.stack.parameters_of("actor"):
@@ -205,40 +309,57 @@ def bound_run(model: str, reps: int) -> dict[str, Any]:
             timed("nograd_forward_lora", lambda: masked_logprobs(stack, batch, 1.0))
             timed("lora_fwd_bwd", fwd_bwd)
     return {"pieces_s": {k: v[1:] for k, v in out.items()}, "gen_tokens": {k: v[1:] for k, v in gen_tokens.items()},
-            "batch_response_tokens": int(batch.response_mask.sum())}
+            "batch_response_tokens": int(batch.response_mask.sum()), **dtypes_of(stack)}
 
 
-def child(name: str, model: str, steps: int) -> dict[str, Any]:
+def child(name: str, model: str, steps: int, dtype: str = "float32", seed: int = SEED, lr: float = LR,
+          trl_gc: bool = False) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(THREADS)
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     if name == "bound":
-        result = bound_run(model, max(steps - 1, 1))
+        result = bound_run(model, max(steps - 1, 1), dtype)
+    elif name == "trl-ppo":  # TRL 1.12 from bench/.trl-1.12: this process must not have imported TRL 1.16
+        try:
+            from bench.trl_ppo import trl_ppo_run
+        except ImportError:
+            from trl_ppo import trl_ppo_run  # run as a script: bench/ is sys.path[0]
+        result = trl_ppo_run(model, steps, THREADS, dtype)
     elif name.startswith("trl-"):
-        result = trl_run(model, name.split("-")[1], steps)
+        result = trl_run(model, name.split("-")[1], steps, dtype, seed, lr, gradient_checkpointing=trl_gc)
+    elif name in LLMRL:
+        result = llmrl_run(model, name, steps, dtype, seed, lr)
     else:
-        algo = name.split("-")[1]
-        result = llmrl_run(model, algo, fast=name.endswith("-fast"), steps=steps)
-    result["peak_rss_mib"] = vm_hwm_mib()
-    result["threads"] = torch.get_num_threads()
+        raise SystemExit(f"unknown contender '{name}'; valid: {', '.join(CONTENDERS)}")
+    result.update(peak_rss_mib=vm_hwm_mib(), threads=torch.get_num_threads(), dtype=dtype, seed=seed)
     return result
 
 
 # ---- parent: alternate the contenders, then summarise ----------------------------------------------
-def run_child(name: str, model: str, steps: int, timeout: float) -> dict[str, Any] | None:
+def run_child(name: str, model: str, steps: int, timeout: float, *, dtype: str = "float32", seed: int = SEED,
+              lr: float = LR, trl_gc: bool = False) -> dict[str, Any] | None:
+    """Run one contender in a fresh process of this script; its result dict, or None if it failed."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        path = f.name
-    cmd = [sys.executable, __file__, "--child", name, "--model", model, "--steps", str(steps),
-           "--threads", str(THREADS), "--child-out", path]
+        path = Path(f.name)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--model", model, "--steps", str(steps),
+           "--threads", str(THREADS), "--dtype", dtype, "--seed", str(seed), "--lr", repr(lr), "--child-out", str(path)]
+    if trl_gc:
+        cmd.append("--trl-gradient-checkpointing")
     env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "TOKENIZERS_PARALLELISM": "false"}
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"  {name} (seed {seed}): killed after {timeout:.0f} s", file=sys.stderr)
+        return None
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        print(f"  {name}: failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+        print(f"  {name} (seed {seed}): failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-3:]}",
+              file=sys.stderr)
         return None
-    result = json.loads(Path(path).read_text())
+    result = json.loads(path.read_text())
+    path.unlink()
     result["wall_s"] = wall
     return result
 
@@ -259,7 +380,8 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             toks = {k: median([x for r in results for x in r["gen_tokens"][k]]) for k in results[0]["gen_tokens"]}
             table[name] = {"pieces_s": pieces, "gen_tokens": toks,
                            "gen_tokens_per_s": {k: toks[k] / pieces[k] for k in toks},
-                           "peak_rss_mib": median([r["peak_rss_mib"] for r in results])}
+                           "peak_rss_mib": median([r["peak_rss_mib"] for r in results]),
+                           "dtype": results[0].get("dtype", "float32")}
             continue
         steps = [x for r in results for x in r["step_s"][1:]]
         toks = [x for r in results for x in r["tokens"][1:]]
@@ -269,24 +391,29 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "tokens_per_s": sum(toks) / sum(steps) if steps else None,
             "peak_rss_mib": median([r["peak_rss_mib"] for r in results]),
             "reward_mean": statistics.mean([x for r in results for x in r["reward"]]),
+            "dtype": results[0].get("dtype", "float32"), "label": LABELS.get(name, name),
         }
     return table
 
 
 def ratios(table: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    pairs = [("llmrl-grpo", "trl-grpo"), ("llmrl-grpo-fast", "trl-grpo"), ("llmrl-rloo-fast", "trl-rloo")]
+    pairs = [("llmrl-grpo-defaults", "trl-grpo"), ("llmrl-grpo", "trl-grpo"), ("llmrl-grpo-fast", "trl-grpo"),
+             ("llmrl-rloo-fast", "trl-rloo")]
     for ours, theirs in pairs:
         if ours in table and theirs in table:
             a, b = table[ours], table[theirs]
             out[f"{ours}/{theirs}"] = {k: a[k] / b[k] for k in ("s_per_step", "tokens_per_s", "peak_rss_mib")}
+    if "llmrl-ppo" in table and "trl-ppo" in table:
+        a, b = table["llmrl-ppo"], table["trl-ppo"]
+        out["llmrl-ppo/trl-ppo"] = {k: a[k] / b[k] for k in ("s_per_step", "tokens_per_s", "peak_rss_mib")}
     if "llmrl-ppo" in table:
         out["llmrl-ppo/issue-trl-ppo"] = {k: table["llmrl-ppo"][k] / v for k, v in ISSUE_PPO.items()}
     if "bound" in table:
         p = table["bound"]["pieces_s"]
         floor = p["hf_generate_lora"] + p["nograd_forward_ref"] + p["lora_fwd_bwd"]
         out["bound"] = {"grpo_floor_s": floor, "grpo_floor_with_old_forward_s": floor + p["nograd_forward_lora"]}
-        for name in ("llmrl-grpo", "llmrl-grpo-fast", "llmrl-rloo-fast", "trl-grpo", "trl-rloo"):
+        for name in ("llmrl-grpo-defaults", "llmrl-grpo", "llmrl-grpo-fast", "llmrl-rloo-fast", "trl-grpo", "trl-rloo"):
             if name in table:
                 out["bound"][f"{name}/floor"] = table[name]["s_per_step"] / floor
         t = table["bound"]["gen_tokens_per_s"]
@@ -294,13 +421,14 @@ def ratios(table: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def print_table(table: dict[str, Any], rat: dict[str, Any]) -> None:
-    print(f"\n{'contender':<18}{'s/step':>9}{'tok/step':>10}{'tok/s':>8}{'RSS MiB':>9}{'reward':>8}")
+def print_table(table: dict[str, Any], rat: dict[str, Any], dtype: str) -> None:
+    print(f"\ndtype {dtype} (every contender)")
+    print(f"{'contender':<21}{'dtype':>9}{'s/step':>9}{'tok/step':>10}{'tok/s':>8}{'RSS MiB':>9}{'reward':>8}  label")
     for name, r in table.items():
         if name == "bound":
             continue
-        print(f"{name:<18}{r['s_per_step']:>9.2f}{r['tokens_per_step']:>10.1f}{r['tokens_per_s']:>8.1f}"
-              f"{r['peak_rss_mib']:>9.0f}{r['reward_mean']:>8.3f}")
+        print(f"{name:<21}{r['dtype']:>9}{r['s_per_step']:>9.2f}{r['tokens_per_step']:>10.1f}{r['tokens_per_s']:>8.1f}"
+              f"{r['peak_rss_mib']:>9.0f}{r['reward_mean']:>8.3f}  {r['label']}")
     if "bound" in table:
         b = table["bound"]
         print("\nfloor pieces (median s):", {k: round(v, 3) for k, v in b["pieces_s"].items()})
@@ -320,13 +448,20 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--only", default=",".join(CONTENDERS), help="comma-separated contenders")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per child run")
+    ap.add_argument("--dtype", choices=DTYPES, default="float32",
+                    help="weights dtype of every contender (llmrl model.dtype, TRL model_init_kwargs dtype, bound)")
+    ap.add_argument("--seed", type=int, default=SEED, help="seed of every contender (llmrl seed, TRL seed)")
+    ap.add_argument("--lr", type=float, default=LR, help="learning rate of every contender")
+    ap.add_argument("--trl-gradient-checkpointing", action="store_true",
+                    help="TRL's own default (recomputes the forward in the backward); off: like llmrl")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     THREADS = a.threads
     model = str(Path(os.path.expanduser(a.model)))
     if a.child:
-        Path(a.child_out).write_text(json.dumps(child(a.child, model, a.steps)))
+        result = child(a.child, model, a.steps, a.dtype, a.seed, a.lr, a.trl_gradient_checkpointing)
+        Path(a.child_out).write_text(json.dumps(result, default=str))
         return
     names = [n for n in a.only.split(",") if n]
     try:
@@ -338,7 +473,8 @@ def main() -> None:
     t0 = time.perf_counter()
     for rep in range(a.reps):
         for name in names:
-            r = run_child(name, model, a.steps, a.timeout)
+            r = run_child(name, model, a.steps, a.timeout, dtype=a.dtype, seed=a.seed, lr=a.lr,
+                          trl_gc=a.trl_gradient_checkpointing)
             if r is not None:
                 runs[name].append(r)
                 shown = r.get("step_s") or r.get("pieces_s")
@@ -346,15 +482,22 @@ def main() -> None:
                       f"{json.dumps(shown)[:140]}", flush=True)
     table = summarise(runs)
     rat = ratios(table)
-    print_table(table, rat)
-    result = {"config": {"model": model, "prompts": PROMPTS, "generations": GENERATIONS, "new_tokens": NEW_TOKENS,
-                         "beta": BETA, "lr": LR, "threads": THREADS, "steps": a.steps, "reps": a.reps,
-                         "lora": {"r": 16, "alpha": 32, "targets": TARGETS}},
+    print_table(table, rat, a.dtype)
+    result = {"config": {**run_config(model, a.dtype, a.seed, a.lr, a.trl_gradient_checkpointing),
+                         "steps": a.steps, "reps": a.reps},
               "command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": machine(),
               "total_wall_s": time.perf_counter() - t0, "table": table, "ratios": rat, "runs": runs}
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=1))
         print(f"\nwrote {a.out}")
+
+
+def run_config(model: str, dtype: str, seed: int, lr: float, trl_gc: bool) -> dict[str, Any]:
+    """The configuration every contender shares, as recorded in the results JSON."""
+    return {"model": model, "dtype": dtype, "prompts": PROMPTS, "generations": GENERATIONS, "new_tokens": NEW_TOKENS,
+            "beta": BETA, "lr": lr, "seed": seed, "threads": THREADS, "lora": {"r": 16, "alpha": 32, "targets": TARGETS},
+            "trl_gradient_checkpointing": trl_gc, "trl_lr_scheduler": "constant", "trl_autocast": False,
+            "trl_prompts": "llmrl's prompt order (prompt_stream), unshuffled"}
 
 
 def machine() -> dict[str, Any]:
