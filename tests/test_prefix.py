@@ -108,3 +108,18 @@ def test_generation_with_shared_prefill_draws_the_same_tokens() -> None:
         assert torch.equal(a.response_mask, b.response_mask)
     sampled = runs[True][0].response_ids
     assert len({tuple(r) for r in sampled[:G].tolist()}) > 1, "a group's samples are all equal: weak check"
+
+
+def test_the_cache_keyword_follows_the_model_signature() -> None:
+    """transformers 5 names it `cache`; older releases `past_key_values`, and a wrong name would be
+    swallowed by **kwargs: decoding would silently run without its context."""
+    from llmrl.models.prefix import with_cache
+
+    model = make_tiny_model()
+    assert with_cache(model, "c") == {"cache": "c", "use_cache": True}
+
+    class Older(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, **kwargs):  # noqa: ANN001, ANN003
+            return past_key_values
+
+    assert with_cache(Older(), "c") == {"past_key_values": "c", "use_cache": True}

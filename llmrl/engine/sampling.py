@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
-from ..models.prefix import distinct_prompts, shared_prefill
+from ..models.prefix import distinct_prompts, shared_prefill, with_cache
 from ..models.stack import PolicyStack, at_least_float32, token_logprobs
 
 _MIX = (1_000_003, 10_007, 101, 7)
@@ -119,8 +119,7 @@ def generate(
         attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
         position = position + 1
         logits = model(
-            input_ids=token[:, None], attention_mask=attention, position_ids=position,
-            cache=cache, use_cache=True,
+            input_ids=token[:, None], attention_mask=attention, position_ids=position, **with_cache(model, cache)
         ).logits
     return Generation(torch.stack(tokens, dim=1), torch.stack(masks, dim=1),
                       torch.stack(lps, dim=1) if logprobs else None)

@@ -19,11 +19,26 @@ distinct prompts (PPO's default: one sample per prompt) keep the single plain fo
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 from torch import Tensor, nn
 from transformers import DynamicCache
+
+
+@lru_cache(maxsize=None)
+def _cache_name(cls: type) -> str:
+    params = inspect.signature(cls.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def with_cache(module: nn.Module, cache: DynamicCache) -> dict[str, object]:
+    """The keyword that passes a KV cache to `module`'s forward: `cache` in transformers ≥ 5.x,
+    `past_key_values` before (an unknown keyword would be swallowed by **kwargs and silently
+    ignored, decoding without the context)."""
+    return {_cache_name(type(module)): cache, "use_cache": True}
 
 
 @dataclass(frozen=True)
@@ -58,10 +73,10 @@ def shared_prefix_hidden(decoder: nn.Module, ids: Tensor, attention: Tensor, pos
     p, first = prompt_len, groups.first
     cache = DynamicCache()
     head = decoder(input_ids=ids[first, :p], attention_mask=attention[first, :p],
-                   position_ids=positions[first, :p], cache=cache, use_cache=True)
+                   position_ids=positions[first, :p], **with_cache(decoder, cache))
     cache.reorder_cache(groups.inverse)
     tail = decoder(input_ids=ids[:, p:], attention_mask=attention, position_ids=positions[:, p:],
-                   cache=cache, use_cache=True)
+                   **with_cache(decoder, cache))
     last_prompt = head.last_hidden_state[:, -1:].index_select(0, groups.inverse)
     return torch.cat([last_prompt, tail.last_hidden_state[:, :-1]], dim=1)
 
@@ -72,10 +87,10 @@ def shared_prefill(model: nn.Module, prompt_ids: Tensor, attention: Tensor, posi
     return the logits of every row's last prompt position, (N, 1, V)."""
     if groups is None:
         out = model(input_ids=prompt_ids, attention_mask=attention, position_ids=positions,
-                    cache=cache, use_cache=True, logits_to_keep=1)
+                    logits_to_keep=1, **with_cache(model, cache))
         return out.logits
     first = groups.first
     out = model(input_ids=prompt_ids[first], attention_mask=attention[first], position_ids=positions[first],
-                cache=cache, use_cache=True, logits_to_keep=1)
+                logits_to_keep=1, **with_cache(model, cache))
     cache.reorder_cache(groups.inverse)
     return out.logits.index_select(0, groups.inverse)
