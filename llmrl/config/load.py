@@ -228,6 +228,27 @@ def _check_consistency(config: Config) -> None:
             "'update.on_policy_logprobs' needs one exactly on-policy update: update.epochs=1, "
             f"update.minibatch_size={rows} (all rows of a step) and no KL in the reward (kl.placement=loss or kl.beta=0)."
         )
+    if config.update.on_policy_values == "on" and not on_policy_values(config):
+        raise ConfigError(
+            "'update.on_policy_values' needs one update pass: update.epochs=1, "
+            f"update.minibatch_size={rows} (all rows of a step), no micro-batches and no dist.shard_base."
+        )
+
+
+def single_pass_update(config: Config) -> bool:
+    """One epoch of one minibatch holding all B·G rows of the step, run as one micro-batch: the
+    critic's update forward sees the same critic as the rollout, and its graph can wait for the
+    advantages (tied to the values) without holding more than one forward's activations."""
+    u = config.update
+    rows = config.rollout.prompts_per_step * config.rollout.num_generations
+    return u.epochs == 1 and u.minibatch_size >= rows and (u.micro_batch_size is None or u.micro_batch_size >= rows)
+
+
+def on_policy_values(config: Config) -> bool:
+    """`update.on_policy_values` resolved: 'auto'/'on' → `single_pass_update(config)` and a base that
+    is not sharded (its forwards are collectives in a fixed order); 'off' → False."""
+    return (config.update.on_policy_values != "off" and single_pass_update(config)
+            and not config.dist.shard_base)
 
 
 def exactly_on_policy(config: Config) -> bool:

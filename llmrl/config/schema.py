@@ -103,6 +103,13 @@ class UpdateConfig:
         "update is on-policy; 'on': require it; 'off': never (true/false mean on/off)",
         choices=("auto", "on", "off"), bool_words=("off", "on"),
     )
+    on_policy_values: str = opt(
+        "auto", "take V_old(s_t) for the advantages from the critic's own update forward (run first, kept for its "
+        "backward) instead of a separate no-grad critic forward in the rollout: one forward less, same numbers up to "
+        "float rounding; only for one epoch of one minibatch of all rows without micro-batches. 'auto': whenever "
+        "that holds; 'on': require it; 'off': never",
+        choices=("auto", "on", "off"), bool_words=("off", "on"),
+    )
     loss_agg: str = opt(
         "token-mean", "how per-token losses become one number",
         choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),

@@ -30,6 +30,7 @@ class RolloutPlan:
     greedy: bool  # baseline_scores from a greedy response (ReMax)
     old_logprobs: bool = True  # False: the update's own forward fills them in (update.on_policy_logprobs)
     from_generation: bool = False  # old log-probs from the decoding logits, not a second actor forward
+    critic_in_update: bool = False  # values from the critic's update forward (update.on_policy_values)
 
 
 def generation_logprobs(cfg: RolloutConfig, dtype: torch.dtype) -> bool:

@@ -28,7 +28,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from ..config import Config
-from ..config.load import on_policy_update
+from ..config.load import on_policy_update, on_policy_values
 from ..distributed import SINGLE, DistContext, distributed
 from ..checkpoint import list_checkpoints, load_checkpoint, restore_rng, rng_state, save_checkpoint
 from ..errors import ConfigError, LLMRLError, RunFailed
@@ -49,7 +49,7 @@ from .reporting import NullReporter, Reporter
 from .rollout import RolloutPlan, generation_logprobs, rollout
 from .signals import graceful_stop
 from .trackers import Trackers, check_available, open_trackers
-from .update import Targets, make_optimizers, update
+from .update import Targets, critic_forward, make_optimizers, update
 
 
 @dataclass
@@ -113,7 +113,9 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
 
         dist = shard_base(stack, dist)
     check_context(task, tokenizer, base.config, config.rollout.max_new_tokens)
-    plan = RolloutPlan(reference=config.kl.beta > 0, critic=spec.needs.critic, greedy=spec.needs.greedy,
+    critic_in_update = spec.needs.critic and on_policy_values(config)
+    plan = RolloutPlan(reference=config.kl.beta > 0, critic=spec.needs.critic and not critic_in_update,
+                       greedy=spec.needs.greedy, critic_in_update=critic_in_update,
                        old_logprobs=not on_policy_update(config),
                        from_generation=generation_logprobs(config.rollout, base.dtype))
     if not resume:
@@ -178,9 +180,11 @@ def train_step(s: Session, step: int) -> dict[str, Any]:
     s.samples = (sample_rows(step + 1, rows, completions, batch.scores, batch.group_size, cfg.log.completions_rows)
                  if s.dist.is_main and due(step + 1, cfg.log.completions_every) else [])
     beta = s.kl.beta
+    values = critic_forward(s.stack, batch) if s.plan.critic_in_update else None  # sets batch.values
     out = estimate(s.spec, batch, shape_rewards(batch, beta, cfg.kl), cfg.estimator, s.dist)
     stats = update(s.stack, s.opts, batch, Targets(out.advantages, out.returns), cfg.update, cfg.kl,
-                   beta, cfg.rollout.temperature, s.generator, s.dist, on_policy=not s.plan.old_logprobs)
+                   beta, cfg.rollout.temperature, s.generator, s.dist, on_policy=not s.plan.old_logprobs,
+                   critic_values=values)
     kl = global_kl(s.dist, batch) if s.dist.active else sequence_kl(batch)
     if kl is not None:
         s.kl.update(kl, batch.rows * s.dist.world_size)

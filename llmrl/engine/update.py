@@ -92,11 +92,22 @@ def _actor_loss(stack: PolicyStack, mb: RolloutBatch, adv: Tensor, cfg: UpdateCo
     return loss, stats
 
 
+def critic_forward(stack: PolicyStack, batch: RolloutBatch) -> Tensor:
+    """V(s_t) of every row, (N, T), with its graph (`update.on_policy_values`): the critic's update
+    forward, run before the advantages, which need its values; sets `batch.values` (detached, 0
+    where masked) so the rollout's no-grad critic forward is not needed."""
+    with stack.use("critic"):
+        v = stack.values(layout(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask))
+    batch.values = torch.where(batch.response_mask, v.detach(), torch.zeros_like(v))
+    return v
+
+
 def _critic_loss(stack: PolicyStack, mb: RolloutBatch, returns: Tensor, cfg: UpdateConfig,
-                 totals: dict[str, float]) -> tuple[Tensor, dict[str, float]]:
+                 totals: dict[str, float], v: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+    """vf_coef · value loss of the micro-batch; `v`: its values already computed (with graph)."""
     assert mb.values is not None
-    seq = layout(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)
-    v = stack.values(seq)
+    if v is None:
+        v = stack.values(layout(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask))
     vl = value_loss(v, mb.values, returns, mb.response_mask, cfg.value_clip, cfg.loss_agg, **totals)
     return cfg.vf_coef * vl, {"value_loss": vl.item()}
 
@@ -118,10 +129,10 @@ def _pass(role: str, stack: PolicyStack, opt: torch.optim.Optimizer, batch: Roll
         micros = _micro_batches(rows, cfg.micro_batch_size)
         for _ in range(lockstep - len(micros)):  # keep the sharded forwards of all ranks in step
             one = torch.zeros(1, dtype=torch.long, device=rows.device)
-            (0.0 * loss_fn(batch.select(one), target[one], totals)[0]).backward()
+            (0.0 * loss_fn(batch.select(one), target[one], totals, one)[0]).backward()
         for micro in micros:
             mb = batch.select(micro)
-            loss, s = loss_fn(mb, target[micro], totals)
+            loss, s = loss_fn(mb, target[micro], totals, micro)
             if fill_old:
                 batch.old_logprobs[micro] = mb.old_logprobs.to(batch.old_logprobs.dtype)
             finite &= bool(torch.isfinite(loss))
@@ -148,18 +159,21 @@ def _pass(role: str, stack: PolicyStack, opt: torch.optim.Optimizer, batch: Roll
 
 def update(stack: PolicyStack, opts: dict[str, torch.optim.Optimizer], batch: RolloutBatch, targets: Targets,
            cfg: UpdateConfig, kl: KLConfig, beta: float, temperature: float, generator: torch.Generator,
-           dist: DistContext = SINGLE, on_policy: bool = False) -> dict[str, float]:
+           dist: DistContext = SINGLE, on_policy: bool = False, critic_values: Tensor | None = None) -> dict[str, float]:
     """Fit the actor (and critic) to one rollout batch; returns minibatch-averaged statistics
     plus the actor's gradient noise across minibatches (grad_stats.py).
 
     In a data-parallel run `batch` is this rank's rows [r·n, (r+1)·n) of the global batch of
     n·W rows, and every rank must call this with the same generator state. `on_policy` (see
     `config.load.on_policy_update`; the rollout then left `batch.old_logprobs` at 0): the actor's
-    own forward provides log π_old, detached, and writes it back into `batch` (for the logged KL)."""
+    own forward provides log π_old, detached, and writes it back into `batch` (for the logged KL).
+    `critic_values` (N, T) with graph (`critic_forward`, one pass of all rows only): the critic pass
+    runs first and backpropagates through these values instead of a new forward."""
     history: dict[str, list[float]] = defaultdict(list)
     moments = GradMoments()
-    actor_fn = lambda mb, adv, totals: _actor_loss(stack, mb, adv, cfg, kl, beta, temperature, totals, on_policy)  # noqa: E731
-    critic_fn = lambda mb, ret, totals: _critic_loss(stack, mb, ret, cfg, totals)  # noqa: E731
+    actor_fn = lambda mb, adv, totals, _: _actor_loss(stack, mb, adv, cfg, kl, beta, temperature, totals, on_policy)  # noqa: E731
+    critic_fn = lambda mb, ret, totals, rows: _critic_loss(  # noqa: E731
+        stack, mb, ret, cfg, totals, None if critic_values is None else critic_values[rows])
     row_tokens = dist.gather_rows(batch.response_mask.sum(-1))  # (N_global,) tokens per row
     micros = lambda rows: _most_micro_batches(rows, batch.rows, dist.world_size, cfg.micro_batch_size) if dist.lockstep else 0  # noqa: E731
     for _ in range(cfg.epochs):
@@ -168,12 +182,15 @@ def update(stack: PolicyStack, opts: dict[str, torch.optim.Optimizer], batch: Ro
             totals = {"total_tokens": float(row_tokens[rows].sum().clamp(min=1)), "total_seqs": float(len(rows))}
             mine = dist.local_rows(rows, batch.rows)
             most = micros(rows)
-            for k, v in _pass("actor", stack, opts["actor"], batch, mine, totals, targets.advantages, cfg, actor_fn,
-                              ACTOR_STATS, moments, dist, most, fill_old=on_policy).items():
-                history[k].append(v)
-            if "critic" in opts and targets.returns is not None:
-                for k, v in _pass("critic", stack, opts["critic"], batch, mine, totals, targets.returns, cfg, critic_fn,
-                                  CRITIC_STATS, None, dist, most).items():
+            actor = lambda: _pass("actor", stack, opts["actor"], batch, mine, totals, targets.advantages,  # noqa: E731
+                                  cfg, actor_fn, ACTOR_STATS, moments, dist, most, fill_old=on_policy)
+            critic = lambda: _pass("critic", stack, opts["critic"], batch, mine, totals, targets.returns,  # noqa: E731
+                                   cfg, critic_fn, CRITIC_STATS, None, dist, most)
+            with_critic = "critic" in opts and targets.returns is not None
+            # independent parameters: the order changes nothing but when the held critic graph is freed
+            passes = [critic, actor] if critic_values is not None else [actor] + ([critic] if with_critic else [])
+            for run in passes:
+                for k, v in run().items():
                     history[k].append(v)
     stats = {k: sum(v) / len(v) for k, v in history.items() if not k.endswith("_skipped")}
     stats["skipped_updates"] = sum(sum(v) for k, v in history.items() if k.endswith("_skipped"))
