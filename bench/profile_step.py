@@ -46,7 +46,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=vs.MODEL)
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--fast", action="store_true", help="update.on_policy_logprobs=on (else off)")
+    ap.add_argument("--fast", action="store_true", help="update.on_policy_logprobs=on (else the default, auto)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -56,14 +56,14 @@ def main() -> None:
     vs.THREADS = a.threads
     model = os.path.expanduser(a.model)
     current: dict[str, float] = defaultdict(float)
-    calls = [0]
 
-    def role(*_: Any, **__: Any) -> str:  # rollout calls it for the actor (unless --fast), then the reference
-        calls[0] += 1
-        return "no-grad forward (actor, old log-probs)" if calls[0] == 1 and not a.fast else "no-grad forward (reference)"
+    def role(stack: Any, *_: Any, **__: Any) -> str:  # the role the rollout runs it in
+        return f"no-grad forward ({stack.role})"
 
     wrap(rollout_mod, "generate", lambda *a, **k: "generate", current)
     wrap(rollout_mod, "masked_logprobs", role, current)
+    wrap(rollout_mod, "masked_values", lambda *a, **k: "no-grad forward (critic values)", current)
+    wrap(trainer_mod, "critic_forward", lambda *a, **k: "critic forward for the update (values, graph kept)", current)
     wrap(rollout_mod, "decode", lambda *a, **k: "decode", current)
     wrap(rollout_mod, "score_parts", lambda *a, **k: "reward", current)
     wrap(trainer_mod, "update", lambda *a, **k: "update (forward + backward + AdamW)", current)
@@ -79,14 +79,13 @@ def main() -> None:
         "lora.target_modules": vs.TARGETS, "rollout.prompts_per_step": vs.PROMPTS,
         "rollout.num_generations": vs.GENERATIONS, "rollout.max_new_tokens": vs.NEW_TOKENS,
         "kl.beta": vs.BETA, "kl.estimator": "k3", "kl.placement": "loss", "update.lr_actor": vs.LR,
-        "update.minibatch_size": vs.PROMPTS * vs.GENERATIONS, "update.on_policy_logprobs": a.fast,
+        "update.minibatch_size": vs.PROMPTS * vs.GENERATIONS, "update.on_policy_logprobs": "on" if a.fast else "auto",
         "eval.size": 0, "checkpoint.every": 0}, sets=a.set)
     s = setup(config, NullReporter(), overwrite=True)
     hwm = {"after setup": vs.vm_hwm_mib()}
     steps: list[dict[str, float]] = []
     for step in range(a.steps):
         current.clear()
-        calls[0] = 0
         t0 = time.perf_counter()
         row = train_step(s, step)
         total = time.perf_counter() - t0

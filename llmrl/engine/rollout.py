@@ -61,6 +61,14 @@ def masked_logprobs(stack: PolicyStack, batch: RolloutBatch, temperature: float)
 
 
 @torch.no_grad()
+def masked_values(stack: PolicyStack, batch: RolloutBatch) -> Tensor:
+    """V(s_t) of the batch's responses under the critic, 0 where masked: (N, T)."""
+    with stack.use("critic"):
+        v = stack.values(layout(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask))
+    return torch.where(batch.response_mask, v, torch.zeros_like(v))
+
+
+@torch.no_grad()
 def rollout(
     stack: PolicyStack,
     tokenizer: PreTrainedTokenizerBase,
@@ -104,10 +112,7 @@ def rollout(
         with stack.use("reference"):
             batch.ref_logprobs = masked_logprobs(stack, batch, cfg.temperature)
     if plan.critic:
-        with stack.use("critic"):
-            seq = layout(ids, mask, gen.response_ids, gen.response_mask)
-            v = stack.values(seq)
-            batch.values = torch.where(gen.response_mask, v, torch.zeros_like(v))
+        batch.values = masked_values(stack, batch)
     completions = decode(tokenizer, gen.response_ids, gen.response_mask)
     expanded = [r for r in rows for _ in range(g)]
     scores, parts = score_parts(reward_fn, expanded, completions)
