@@ -75,7 +75,7 @@ def llmrl_overrides(model: str, algo: str, on_policy_logprobs: bool | None, *, d
         "lora.r": 16, "lora.alpha": 32.0, "lora.dropout": 0.0, "lora.target_modules": TARGETS,
         "rollout.prompts_per_step": PROMPTS, "rollout.num_generations": 1 if algo == "ppo" else GENERATIONS,
         "rollout.max_new_tokens": NEW_TOKENS, "rollout.temperature": 1.0, "rollout.top_p": 1.0,
-        "update.epochs": 1, "update.minibatch_size": PROMPTS * (1 if algo == "ppo" else GENERATIONS),
+        "update.epochs": 1, "update.minibatch_size": PROMPTS * GENERATIONS,  # one update of all 8 rows
         "update.lr_actor": lr, "eval.size": 0, "checkpoint.every": 0,
     }
     if on_policy_logprobs is not None:
