@@ -19,6 +19,11 @@ def opt(default: Any, help: str, **bounds: Any) -> Any:
     return field(default=default, metadata={"help": help, **bounds})
 
 
+def auto_switch(help: str) -> Any:
+    """An 'auto' | 'on' | 'off' field (default 'auto'); YAML's true/false mean on/off."""
+    return opt("auto", f"{help} (true/false mean on/off)", choices=("auto", "on", "off"), bool_words=("off", "on"))
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = opt("tiny", "'tiny' (built-in), a Hugging Face hub id or a local model folder")
@@ -96,19 +101,17 @@ class UpdateConfig:
     ent_coef: float = opt(0.0, "entropy bonus coefficient", min=0)
     max_grad_norm: float | None = opt(1.0, "gradient norm clip; null: off", gt=0)
     max_bad_steps: int = opt(3, "stop after this many steps in a row whose loss or gradient was not finite", min=1)
-    on_policy_logprobs: str = opt(
-        "auto", "take log π_old from the update's own forward (ratio ≡ 1) instead of a separate no-grad forward "
+    on_policy_logprobs: str = auto_switch(
+        "take log π_old from the update's own forward (ratio ≡ 1) instead of a separate no-grad forward "
         "in the rollout: one forward less, same numbers up to float rounding; exact only for an on-policy update "
         "(update.epochs=1, update.minibatch_size = all rows of a step, no KL in the reward). 'auto': whenever the "
-        "update is on-policy; 'on': require it; 'off': never (true/false mean on/off)",
-        choices=("auto", "on", "off"), bool_words=("off", "on"),
+        "update is on-policy; 'on': require it; 'off': never"
     )
-    on_policy_values: str = opt(
-        "auto", "take V_old(s_t) for the advantages from the critic's own update forward (run first, kept for its "
+    on_policy_values: str = auto_switch(
+        "take V_old(s_t) for the advantages from the critic's own update forward (run first, kept for its "
         "backward) instead of a separate no-grad critic forward in the rollout: one forward less, same numbers up to "
         "float rounding; only for one epoch of one minibatch of all rows without micro-batches. 'auto': whenever "
-        "that holds; 'on': require it; 'off': never",
-        choices=("auto", "on", "off"), bool_words=("off", "on"),
+        "that holds; 'on': require it; 'off': never"
     )
     loss_agg: str = opt(
         "token-mean", "how per-token losses become one number",
@@ -152,9 +155,8 @@ class DataConfig:
     split_seed: int = opt(1234, "seed of the fixed train/eval shuffle (independent of the run's seed)", min=0)
     prompt_column: str = opt("prompt", "column holding the prompt: a string or a list of {role, content} messages")
     max_rows: int | None = opt(None, "use only the first N rows of the dataset (and of eval_dataset)", min=1)
-    chat_template: str = opt(
-        "auto", "'auto': apply the tokenizer's chat template when it has one; 'on': require one; 'off': raw text prompts",
-        choices=("auto", "on", "off"), bool_words=("off", "on"),
+    chat_template: str = auto_switch(
+        "'auto': apply the tokenizer's chat template when it has one; 'on': require one; 'off': raw text prompts"
     )
 
 

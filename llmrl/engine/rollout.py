@@ -63,9 +63,14 @@ def masked_logprobs(stack: PolicyStack, batch: RolloutBatch, temperature: float)
 @torch.no_grad()
 def masked_values(stack: PolicyStack, batch: RolloutBatch) -> Tensor:
     """V(s_t) of the batch's responses under the critic, 0 where masked: (N, T)."""
-    with stack.use("critic"):
-        v = stack.values(layout(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask))
+    v = critic_values(stack, batch)
     return torch.where(batch.response_mask, v, torch.zeros_like(v))
+
+
+def critic_values(stack: PolicyStack, batch: RolloutBatch) -> Tensor:
+    """V(s_t) of every response position under the critic, (N, T), with a graph when grad is on."""
+    with stack.use("critic"):
+        return stack.values(layout(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask))
 
 
 @torch.no_grad()

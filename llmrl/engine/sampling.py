@@ -14,7 +14,7 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from ..models.prefix import distinct_prompts, shared_prefill, with_cache
-from ..models.stack import PolicyStack, at_least_float32, token_logprobs
+from ..models.stack import PolicyStack, tempered, token_logprobs
 
 _MIX = (1_000_003, 10_007, 101, 7)
 
@@ -109,7 +109,7 @@ def generate(
         token = pick_tokens(logits[:, -1].float(), temperature, top_p, u)
         token = torch.where(done, torch.full_like(token, pad_id), token)
         if logprobs:
-            lp = token_logprobs(logits[:, -1].to(at_least_float32(logits.dtype)) / temperature, token)
+            lp = token_logprobs(tempered(logits[:, -1], temperature), token)
             lps.append(torch.where(done, torch.zeros_like(lp), lp))
         masks.append(~done)
         tokens.append(token)

@@ -25,6 +25,7 @@ from ..losses import aggregate, entropy_from_logprobs, kl_penalty, policy_loss, 
 from ..distributed import SINGLE, DistContext
 from ..models.stack import PolicyStack, layout
 from .grad_stats import GradMoments
+from .rollout import critic_values
 
 
 @dataclass
@@ -96,8 +97,7 @@ def critic_forward(stack: PolicyStack, batch: RolloutBatch) -> Tensor:
     """V(s_t) of every row, (N, T), with its graph (`update.on_policy_values`): the critic's update
     forward, run before the advantages, which need its values; sets `batch.values` (detached, 0
     where masked) so the rollout's no-grad critic forward is not needed."""
-    with stack.use("critic"):
-        v = stack.values(layout(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask))
+    v = critic_values(stack, batch)
     batch.values = torch.where(batch.response_mask, v.detach(), torch.zeros_like(v))
     return v
 

@@ -148,14 +148,18 @@ class PolicyStack(nn.Module):
         """Logits of the response tokens divided by the temperature: (N, T, V), float32 (float64 for a
         float64 model, which the exactness tests use)."""
         h = self.hidden(seq)
-        logits = self.lm.get_output_embeddings()(h)
-        logits = logits.to(at_least_float32(logits.dtype))
-        return logits if temperature == 1.0 else logits / temperature  # x / 1 == x: skip the (N, T, V) copy
+        return tempered(self.lm.get_output_embeddings()(h), temperature)
 
     def values(self, seq: Sequences) -> Tensor:
         """V(s_t) for every response position: value_head(h_t), (N, T). Call under `use('critic')`."""
         assert self.value_head is not None
         return self.value_head(self.hidden(seq).to(self.value_head.weight.dtype)).squeeze(-1)
+
+
+def tempered(logits: Tensor, temperature: float) -> Tensor:
+    """logits / T in at least float32, (…, V); at T = 1 no (…, V) copy is made (x / 1 == x)."""
+    logits = logits.to(at_least_float32(logits.dtype))
+    return logits if temperature == 1.0 else logits / temperature
 
 
 def at_least_float32(dtype: torch.dtype) -> torch.dtype:
