@@ -113,7 +113,8 @@ def _reward_module(tokenizer: Any, prompts: list[list[int]], answers: list[str])
             scores = numeric([None] * len(rows), texts, answer=[a for a, _ in rows])
             self.calls.append({"tokens": sum(len(resp) for _, resp in rows), "reward": sum(scores) / len(scores),
                                "seconds": time.perf_counter() - t0})
-            r = torch.tensor(scores, dtype=torch.float32).view(-1, 1, 1).expand(-1, input_ids.shape[1], 1)
+            r = torch.tensor(scores, dtype=torch.float32, device=input_ids.device)
+            r = r.view(-1, 1, 1).expand(-1, input_ids.shape[1], 1)
             return type("Out", (), {"hidden_states": (r,)})()
 
     class NumericReward(nn.Module):
@@ -131,9 +132,12 @@ def _reward_module(tokenizer: Any, prompts: list[list[int]], answers: list[str])
     return NumericReward()
 
 
-def trl_ppo_run(model: str, steps: int, threads: int = 1, dtype: str = "float32", lora: bool = True) -> dict[str, Any]:
+def trl_ppo_run(model: str, steps: int, threads: int = 1, dtype: str = "float32", lora: bool = True,
+                device: str = "cpu") -> dict[str, Any]:
     """`steps` TRL 1.12 PPOTrainer steps; per step: seconds (on_step_end to on_step_end, the first from
-    on_train_begin), generated tokens (response tokens up to and including EOS) and mean reward."""
+    on_train_begin; on cuda after torch.cuda.synchronize()), generated tokens (response tokens up to
+    and including EOS) and mean reward. `device` "cuda" sets use_cpu=False: accelerate places the
+    models on the GPU."""
     trl = import_trl112()
     import torch
     from datasets import Dataset
@@ -162,12 +166,15 @@ def trl_ppo_run(model: str, steps: int, threads: int = 1, dtype: str = "float32"
     peft = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=TARGETS, task_type="CAUSAL_LM") if lora else None
 
     times: list[float] = []
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
     class Timer(TrainerCallback):
         def on_train_begin(self, args, state, control, **kw):  # noqa: ANN001
+            sync()
             self.t0 = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
+            sync()
             t = time.perf_counter()
             times.append(t - self.t0)
             self.t0 = t
@@ -178,7 +185,7 @@ def trl_ppo_run(model: str, steps: int, threads: int = 1, dtype: str = "float32"
         local_rollout_forward_batch_size=ROWS, response_length=NEW_TOKENS, temperature=1.0, stop_token="eos",
         kl_coef=KL_COEF, kl_estimator=KL_ESTIMATOR, vf_coef=VF_COEF, cliprange=0.2, cliprange_value=0.2,
         gamma=1.0, lam=0.95, whiten_rewards=False, learning_rate=LR, lr_scheduler_type="constant",
-        num_sample_generations=0, gradient_checkpointing=False, bf16=False, fp16=False, use_cpu=True,
+        num_sample_generations=0, gradient_checkpointing=False, bf16=False, fp16=False, use_cpu=device == "cpu",
         seed=SEED, logging_steps=1, report_to="none", save_strategy="no", dataloader_num_workers=0,
         disable_tqdm=True,
     )
@@ -198,9 +205,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--full", action="store_true", help="full-parameter policy + reference copy (no LoRA)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     a = ap.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    r = trl_ppo_run(str(Path(os.path.expanduser(a.model))), a.steps, threads=a.threads, lora=not a.full)
+    r = trl_ppo_run(str(Path(os.path.expanduser(a.model))), a.steps, threads=a.threads, lora=not a.full,
+                    device=a.device)
     print(f"TRL {r['trl']} PPOTrainer, {'LoRA policy' if r['lora'] else 'full policy + reference'}, "
           f"{a.threads} threads, trainable params {r['trainable_params']:,}, reward params {r['reward_params']}")
     for i, (s, n, rw, rs) in enumerate(zip(r["step_s"], r["tokens"], r["reward"], r["reward_s"], strict=False)):

@@ -14,6 +14,11 @@ slow patch of a shared CPU hits all of them. A step is timed end to end (rollout
 the first step of each run is a warm-up and is not counted.
 
     python bench/vs_trl.py --model PATH --out bench-results.json [--steps 4] [--reps 2] [--dtype bfloat16]
+        [--device cuda]
+
+`--device cuda` runs every contender on the GPU (llmrl model.device, TRL use_cpu=False): each timed
+step is bracketed by torch.cuda.synchronize(), and each child also reports its peak GPU memory
+(torch.cuda.max_memory_allocated, and _reserved: what the caching allocator held) next to its RSS.
 
 Contenders: llmrl-grpo-defaults (no performance switch set: what the engine's defaults give, here
 update.on_policy_logprobs=auto → on), llmrl-grpo (update.on_policy_logprobs=off pinned: log π_old
@@ -52,6 +57,26 @@ LABELS = {"llmrl-grpo-defaults": "llmrl grpo (defaults)", "llmrl-grpo": "llmrl g
           "llmrl-ppo": "llmrl ppo (actor+critic+ref)", "trl-ppo": "TRL 1.12 PPOTrainer (bench/trl_ppo.py)",
           "bound": "floor pieces"}
 DTYPES = ("float32", "bfloat16")
+DEVICES = ("cpu", "cuda")
+
+
+def sync() -> None:
+    """Wait for the GPU's queued work (no-op on CPU): a step's time must include its kernels."""
+    if DEVICE == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def gpu_memory_mib() -> dict[str, float]:
+    """Peak GPU memory of this process (MiB), allocated by tensors and reserved by the caching
+    allocator; empty on CPU."""
+    if DEVICE != "cuda":
+        return {}
+    import torch
+
+    return {"peak_gpu_mib": torch.cuda.max_memory_allocated() / 2**20,
+            "peak_gpu_reserved_mib": torch.cuda.max_memory_reserved() / 2**20}
 
 
 # ---- children: one contender per process ---------------------------------------------------------
@@ -71,7 +96,7 @@ def llmrl_overrides(model: str, algo: str, on_policy_logprobs: bool | None, *, d
     overrides = {
         "algo": algo, "task": "chat_sum", "seed": seed, "threads": THREADS,
         "out": out or tempfile.mkdtemp(prefix="bench-llmrl-"),
-        "model.name": model, "model.dtype": dtype, "model.device": "cpu", "data.chat_template": "auto",
+        "model.name": model, "model.dtype": dtype, "model.device": DEVICE, "data.chat_template": "auto",
         "lora.r": 16, "lora.alpha": 32.0, "lora.dropout": 0.0, "lora.target_modules": TARGETS,
         "rollout.prompts_per_step": PROMPTS, "rollout.num_generations": 1 if algo == "ppo" else GENERATIONS,
         "rollout.max_new_tokens": NEW_TOKENS, "rollout.temperature": 1.0, "rollout.top_p": 1.0,
@@ -141,8 +166,10 @@ def llmrl_run(model: str, name: str, steps: int, dtype: str = "float32", seed: i
     times, tokens, rewards, lengths, prompts, rows = [], [], [], [], [], []
     for step in range(steps):
         prompts.append([question(s.task.train[i]["prompt"]) for i in s.sampler.indices(step).tolist()])
+        sync()
         t0 = time.perf_counter()
         row = train_step(s, step)
+        sync()
         times.append(time.perf_counter() - t0)
         tokens.append(row["tokens"])
         rewards.append(row["reward_mean"])
@@ -172,7 +199,7 @@ def trl_args(kind: str, *, steps: int, dtype: str = "float32", seed: int = SEED,
         num_generations=GENERATIONS, max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0, top_k=0,
         beta=BETA, num_iterations=1, epsilon=0.2, learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0,
         weight_decay=0.0, max_grad_norm=1.0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8,
-        max_steps=steps, logging_steps=1, report_to="none", save_strategy="no", use_cpu=True,
+        max_steps=steps, logging_steps=1, report_to="none", save_strategy="no", use_cpu=DEVICE == "cpu",
         bf16=False, fp16=False, model_init_kwargs={"dtype": dtype}, gradient_checkpointing=gradient_checkpointing,
         shuffle_dataset=False, seed=seed, dataloader_num_workers=0, gradient_accumulation_steps=1,
     )
@@ -219,9 +246,11 @@ def trl_run(model: str, kind: str, steps: int, dtype: str = "float32", seed: int
             probe_autocast(base, seen)
 
         def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001
+            sync()
             self.t0 = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
+            sync()
             times.append(time.perf_counter() - self.t0)
 
     Config, Trainer = (trl.GRPOConfig, trl.GRPOTrainer) if kind == "grpo" else (trl.RLOOConfig, trl.RLOOTrainer)
@@ -269,8 +298,10 @@ def bound_run(model: str, reps: int, dtype: str = "float32") -> dict[str, Any]:
     out: dict[str, list[float]] = {}
 
     def timed(name: str, fn: Callable[[], Any]) -> Any:
+        sync()
         t0 = time.perf_counter()
         result = fn()
+        sync()
         out.setdefault(name, []).append(time.perf_counter() - t0)
         return result
 
@@ -325,14 +356,15 @@ def child(name: str, model: str, steps: int, dtype: str = "float32", seed: int =
             from bench.trl_ppo import trl_ppo_run
         except ImportError:
             from trl_ppo import trl_ppo_run  # run as a script: bench/ is sys.path[0]
-        result = trl_ppo_run(model, steps, THREADS, dtype)
+        result = trl_ppo_run(model, steps, THREADS, dtype, device=DEVICE)
     elif name.startswith("trl-"):
         result = trl_run(model, name.split("-")[1], steps, dtype, seed, lr, gradient_checkpointing=trl_gc)
     elif name in LLMRL:
         result = llmrl_run(model, name, steps, dtype, seed, lr)
     else:
         raise SystemExit(f"unknown contender '{name}'; valid: {', '.join(CONTENDERS)}")
-    result.update(peak_rss_mib=vm_hwm_mib(), threads=torch.get_num_threads(), dtype=dtype, seed=seed)
+    result.update(peak_rss_mib=vm_hwm_mib(), threads=torch.get_num_threads(), dtype=dtype, seed=seed, device=DEVICE,
+                  **gpu_memory_mib())
     return result
 
 
@@ -343,7 +375,7 @@ def run_child(name: str, model: str, steps: int, timeout: float, *, dtype: str =
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         path = Path(f.name)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--model", model, "--steps", str(steps),
-           "--threads", str(THREADS), "--dtype", dtype, "--seed", str(seed), "--lr", repr(lr), "--child-out", str(path)]
+           "--threads", str(THREADS), "--device", DEVICE, "--dtype", dtype, "--seed", str(seed), "--lr", repr(lr), "--child-out", str(path)]
     if trl_gc:
         cmd.append("--trl-gradient-checkpointing")
     env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "TOKENIZERS_PARALLELISM": "false"}
@@ -368,6 +400,12 @@ def median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+def memory_of(results: list[dict[str, Any]]) -> dict[str, float]:
+    """Median over repetitions of peak RSS and, on a GPU, of peak GPU memory (allocated, reserved)."""
+    keys = ("peak_rss_mib", "peak_gpu_mib", "peak_gpu_reserved_mib")
+    return {k: median([r[k] for r in results]) for k in keys if k in results[0]}
+
+
 def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Per contender: median s/step over (steps after the warm-up) × repetitions, tokens/s over the
     same steps, median peak RSS over repetitions, mean reward over all steps."""
@@ -380,8 +418,7 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             toks = {k: median([x for r in results for x in r["gen_tokens"][k]]) for k in results[0]["gen_tokens"]}
             table[name] = {"pieces_s": pieces, "gen_tokens": toks,
                            "gen_tokens_per_s": {k: toks[k] / pieces[k] for k in toks},
-                           "peak_rss_mib": median([r["peak_rss_mib"] for r in results]),
-                           "dtype": results[0].get("dtype", "float32")}
+                           **memory_of(results), "dtype": results[0].get("dtype", "float32")}
             continue
         steps = [x for r in results for x in r["step_s"][1:]]
         toks = [x for r in results for x in r["tokens"][1:]]
@@ -389,11 +426,17 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "s_per_step": median(steps), "steps_counted": len(steps),
             "tokens_per_step": statistics.mean(toks) if toks else None,
             "tokens_per_s": sum(toks) / sum(steps) if steps else None,
-            "peak_rss_mib": median([r["peak_rss_mib"] for r in results]),
+            **memory_of(results),
             "reward_mean": statistics.mean([x for r in results for x in r["reward"]]),
             "dtype": results[0].get("dtype", "float32"), "label": LABELS.get(name, name),
         }
     return table
+
+
+def pair_ratios(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
+    """ours/theirs for time, throughput and every memory figure both have."""
+    keys = ("s_per_step", "tokens_per_s", "peak_rss_mib", "peak_gpu_mib", "peak_gpu_reserved_mib")
+    return {k: a[k] / b[k] for k in keys if k in a and k in b}
 
 
 def ratios(table: dict[str, Any]) -> dict[str, Any]:
@@ -403,11 +446,11 @@ def ratios(table: dict[str, Any]) -> dict[str, Any]:
     for ours, theirs in pairs:
         if ours in table and theirs in table:
             a, b = table[ours], table[theirs]
-            out[f"{ours}/{theirs}"] = {k: a[k] / b[k] for k in ("s_per_step", "tokens_per_s", "peak_rss_mib")}
+            out[f"{ours}/{theirs}"] = pair_ratios(a, b)
     if "llmrl-ppo" in table and "trl-ppo" in table:
         a, b = table["llmrl-ppo"], table["trl-ppo"]
-        out["llmrl-ppo/trl-ppo"] = {k: a[k] / b[k] for k in ("s_per_step", "tokens_per_s", "peak_rss_mib")}
-    if "llmrl-ppo" in table:
+        out["llmrl-ppo/trl-ppo"] = pair_ratios(a, b)
+    if "llmrl-ppo" in table and "peak_gpu_mib" not in table["llmrl-ppo"]:  # the issue's figures are CPU ones
         out["llmrl-ppo/issue-trl-ppo"] = {k: table["llmrl-ppo"][k] / v for k, v in ISSUE_PPO.items()}
     if "bound" in table:
         p = table["bound"]["pieces_s"]
@@ -422,13 +465,15 @@ def ratios(table: dict[str, Any]) -> dict[str, Any]:
 
 
 def print_table(table: dict[str, Any], rat: dict[str, Any], dtype: str) -> None:
-    print(f"\ndtype {dtype} (every contender)")
-    print(f"{'contender':<21}{'dtype':>9}{'s/step':>9}{'tok/step':>10}{'tok/s':>8}{'RSS MiB':>9}{'reward':>8}  label")
+    print(f"\ndtype {dtype}, device {DEVICE} (every contender)")
+    print(f"{'contender':<21}{'dtype':>9}{'s/step':>9}{'tok/step':>10}{'tok/s':>8}{'RSS MiB':>9}{'GPU MiB':>9}"
+          f"{'reward':>8}  label")
     for name, r in table.items():
         if name == "bound":
             continue
+        gpu = f"{r['peak_gpu_mib']:>9.0f}" if "peak_gpu_mib" in r else f"{'-':>9}"
         print(f"{name:<21}{r['dtype']:>9}{r['s_per_step']:>9.2f}{r['tokens_per_step']:>10.1f}{r['tokens_per_s']:>8.1f}"
-              f"{r['peak_rss_mib']:>9.0f}{r['reward_mean']:>8.3f}  {r['label']}")
+              f"{r['peak_rss_mib']:>9.0f}{gpu}{r['reward_mean']:>8.3f}  {r['label']}")
     if "bound" in table:
         b = table["bound"]
         print("\nfloor pieces (median s):", {k: round(v, 3) for k, v in b["pieces_s"].items()})
@@ -439,13 +484,14 @@ def print_table(table: dict[str, Any], rat: dict[str, Any], dtype: str) -> None:
 
 
 def main() -> None:
-    global THREADS
+    global THREADS, DEVICE
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=MODEL)
     ap.add_argument("--out", default=None, help="write the results JSON here")
     ap.add_argument("--steps", type=int, default=4, help="steps per run; the first is a warm-up")
     ap.add_argument("--reps", type=int, default=2, help="repetitions of each contender, alternated")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", choices=DEVICES, default="cpu", help="where every contender runs")
     ap.add_argument("--only", default=",".join(CONTENDERS), help="comma-separated contenders")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per child run")
     ap.add_argument("--dtype", choices=DTYPES, default="float32",
@@ -457,7 +503,7 @@ def main() -> None:
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    THREADS = a.threads
+    THREADS, DEVICE = a.threads, a.device
     model = str(Path(os.path.expanduser(a.model)))
     if a.child:
         result = child(a.child, model, a.steps, a.dtype, a.seed, a.lr, a.trl_gradient_checkpointing)
@@ -477,6 +523,8 @@ def main() -> None:
                           trl_gc=a.trl_gradient_checkpointing)
             if r is not None:
                 runs[name].append(r)
+                if a.out:  # what has run so far survives a run that is stopped at a time limit
+                    Path(a.out).write_text(json.dumps({"partial": True, "command": " ".join(sys.argv), "runs": runs}))
                 shown = r.get("step_s") or r.get("pieces_s")
                 print(f"rep {rep + 1} {name}: wall {r['wall_s']:.0f} s, RSS {r['peak_rss_mib']:.0f} MiB, "
                       f"{json.dumps(shown)[:140]}", flush=True)
@@ -484,7 +532,7 @@ def main() -> None:
     rat = ratios(table)
     print_table(table, rat, a.dtype)
     result = {"config": {**run_config(model, a.dtype, a.seed, a.lr, a.trl_gradient_checkpointing),
-                         "steps": a.steps, "reps": a.reps},
+                         "steps": a.steps, "reps": a.reps, "device": a.device},
               "command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": machine(),
               "total_wall_s": time.perf_counter() - t0, "table": table, "ratios": rat, "runs": runs}
     if a.out:
@@ -508,6 +556,8 @@ def machine() -> dict[str, Any]:
 
     info = {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
             "transformers": transformers.__version__}
+    if DEVICE == "cuda":
+        info.update(gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda)
     try:
         import peft
         import trl
@@ -519,6 +569,7 @@ def machine() -> dict[str, Any]:
 
 
 THREADS = 1
+DEVICE = "cpu"
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Issue 8's side-by-side table on a GPU, as one command for the device machine (which reaches no
+# package index and no hub). Prepare here first: `bash bench/gpu_prepare.sh` fills .gpu/; then
+# device run with carry [".gpu"] and command `bash bench/gpu_table.sh` (results come back in $OUT).
+#
+# Steps: install the carried wheels into $SITE (this repo's package versions) and TRL 1.12 into
+# bench/.trl-1.12; record the machine; build a random-weight model of $SHAPE on the GPU
+# (bench/gpu_model.py); run bench/gpu_check.sh when present (CUDA tests); run bench/vs_trl.py on
+# the GPU. Each stage has its own time limit so that a slow stage still leaves results.
+#
+# Knobs (environment): SHAPE (qwen2.5-1.5b), DEVICE (cuda), DTYPE (bfloat16), STEPS (4), REPS (2),
+# THREADS (4), ONLY (the contenders), INSTALL (1; 0 uses the current environment), CHECK (1),
+# BENCH_LIMIT (seconds for vs_trl, 420), OUT (a new temporary folder). On a CPU, for checking this
+# script itself: INSTALL=0 CHECK=0 DEVICE=cpu SHAPE=tiny DTYPE=float32 bash bench/gpu_table.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+OUT=${OUT:-$(mktemp -d)}
+SHAPE=${SHAPE:-qwen2.5-1.5b} DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-bfloat16}
+STEPS=${STEPS:-4} REPS=${REPS:-2} THREADS=${THREADS:-4} SITE=${SITE:-/tmp/llmrl-site}
+ONLY=${ONLY:-llmrl-grpo-defaults,trl-grpo,llmrl-rloo-fast,trl-rloo,llmrl-ppo,trl-ppo,bound}
+LOG="$OUT/gpu-table.log"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+say() { echo "== $(date -u +%T) $*" | tee -a "$LOG"; }
+
+if [ "${INSTALL:-1}" = 1 ]; then
+  say "installing the carried wheels"
+  pip_install() { "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "$@"; }
+  pip_install --target "$SITE" .gpu/whl/*.whl && pip_install --target bench/.trl-1.12 .gpu/trl112/*.whl \
+    || { say "wheel install failed (run bench/gpu_prepare.sh here and carry .gpu)"; exit 1; }
+  export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+else
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
+
+say "machine"
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
+  nproc
+  "$PY" -c "import sys, torch, transformers, peft, datasets; print(sys.version.split()[0], 'torch', torch.__version__, \
+torch.version.cuda, 'transformers', transformers.__version__, 'peft', peft.__version__, 'datasets', datasets.__version__)"
+} 2>&1 | tee -a "$LOG"
+
+MODEL=/tmp/llmrl-bench-$SHAPE
+say "building $SHAPE at $MODEL"
+[ "$DEVICE" = cuda ] && BUILD_DEVICE=cuda || BUILD_DEVICE=cpu
+timeout 300 "$PY" bench/gpu_model.py build --shape "$SHAPE" --tokenizer .gpu/tokenizer --out "$MODEL" \
+  --device "$BUILD_DEVICE" 2>&1 | tee -a "$LOG"
+[ -f "$MODEL/config.json" ] || { say "model build failed"; exit 1; }
+
+if [ "${CHECK:-1}" = 1 ] && [ -f bench/gpu_check.sh ]; then
+  say "bench/gpu_check.sh"
+  timeout 180 bash bench/gpu_check.sh 2>&1 | tail -n 60 | tee -a "$LOG"
+fi
+
+say "bench/vs_trl.py on $DEVICE, $DTYPE, $STEPS steps × $REPS reps: $ONLY"
+timeout "${BENCH_LIMIT:-420}" "$PY" bench/vs_trl.py --device "$DEVICE" --dtype "$DTYPE" --model "$MODEL" \
+  --steps "$STEPS" --reps "$REPS" --threads "$THREADS" --timeout 180 --only "$ONLY" \
+  --out "$OUT/results-vs-trl-$DEVICE-$SHAPE.json" 2>&1 | tee -a "$LOG"
+say "done; results in $OUT"
