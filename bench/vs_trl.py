@@ -314,7 +314,7 @@ def bound_run(model: str, reps: int, dtype: str = "float32") -> dict[str, Any]:
 
     def own_generate(i: int) -> int:
         u = row_uniforms(0, 100 + i, torch.arange(PROMPTS).repeat_interleave(GENERATIONS),
-                         torch.arange(GENERATIONS).repeat(PROMPTS), NEW_TOKENS)
+                         torch.arange(GENERATIONS).repeat(PROMPTS), NEW_TOKENS).to(ids.device)
         g = generate(stack, ids, mask, max_new_tokens=NEW_TOKENS, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
                      temperature=1.0, uniforms=u)
         return int(g.response_mask.sum())
