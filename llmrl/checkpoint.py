@@ -9,7 +9,9 @@ crash while saving never leaves a broken `step-*` folder; only the newest `keep`
 serialised in memory and written with plain file writes, so a full disk is one `OSError` (ENOSPC)
 whatever the format: the temporary folder is removed, older checkpoints are untouched, and the
 run stops with `CheckpointFailed`.
-`state.pt` is read back with `torch.load(weights_only=True)`.
+`state.pt` is read back with `torch.load(weights_only=True, map_location="cpu")`: optimizer states
+saved from a GPU land on the CPU and `Optimizer.load_state_dict` moves them to their parameters'
+device, so a checkpoint loads on any rank's GPU (or none) whichever GPU wrote it.
 """
 
 from __future__ import annotations
@@ -119,14 +121,21 @@ def load_checkpoint(path: Path, stack: Any) -> dict[str, Any]:
     with torch.no_grad():
         for name, tensor in weights.items():
             named[name].copy_(tensor)
-    return torch.load(path / "state.pt", weights_only=True)
+    return torch.load(path / "state.pt", weights_only=True, map_location="cpu")
 
 
 def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "torch": torch.get_rng_state()}
+    """Python's and torch's CPU RNG states, plus the current CUDA device's RNG state once CUDA is in use
+    (LoRA dropout on a GPU draws from it); every state is a CPU tensor or a tuple."""
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
 
 
 def restore_rng(state: dict[str, Any]) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"].cpu())

@@ -261,6 +261,10 @@ def init(device: str, timeout_s: float) -> DistContext:
     cuda = device != "cpu" and torch.cuda.is_available()
     if device == "cuda" and not cuda:
         raise ConfigError("'model.device' is cuda but no CUDA device is available; use cpu or auto.")
+    if cuda and local >= torch.cuda.device_count():
+        raise ConfigError(f"Process {rank} needs GPU cuda:{local} (one GPU per process on a node) but this node "
+                          f"has {torch.cuda.device_count()}; start at most that many processes per node, "
+                          f"or set model.device=cpu.")
     if cuda:
         torch.cuda.set_device(local)
     where = torch.device("cuda", local) if cuda else torch.device("cpu")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from .distributed import DistContext
@@ -34,8 +35,11 @@ def shard_base(stack: PolicyStack, dist: DistContext) -> DistContext:
     from .engine import sampling
 
     trainable = {p for role in stack.trainable_roles() for p in stack.parameters_of(role)}
+    # the mesh on the run's device: FSDP's default is the machine's accelerator, which would move a
+    # CPU (gloo) run's layers to a GPU whenever the machine has one
+    mesh = init_device_mesh(dist.device.type, (dist.world_size,))
     for layer in stack.lm.get_decoder().layers:
-        fully_shard(layer, ignored_params={p for p in layer.parameters() if p in trainable})
+        fully_shard(layer, mesh=mesh, ignored_params={p for p in layer.parameters() if p in trainable})
     stack.share_prompts = False  # every forward is a collective: all ranks must make the same calls
     sampling.LOCKSTEP = replace(dist, lockstep=True)
     return sampling.LOCKSTEP

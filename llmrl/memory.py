@@ -68,7 +68,7 @@ def reset_peak_memory() -> None:
             fh.write("5")
     except OSError:
         pass
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # never start CUDA for a CPU run
         torch.cuda.reset_peak_memory_stats()
 
 
@@ -82,8 +82,9 @@ def peak_rss_mib() -> float:
     return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
 
-def peak_device_mib() -> float | None:
-    """Peak CUDA memory allocated by torch, in MiB; None on CPU."""
-    if not torch.cuda.is_available():
+def peak_device_mib(device: str = "auto") -> float | None:
+    """Peak CUDA memory allocated by torch, in MiB, for a run whose `model.device` is `device`; None
+    for a CPU run (also on a machine with a GPU, where torch would report 0) or without CUDA."""
+    if device == "cpu" or not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return None
     return torch.cuda.max_memory_allocated() / 2**20

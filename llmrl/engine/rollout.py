@@ -104,8 +104,10 @@ def rollout(
         gen = generate(stack, ids, mask, max_new_tokens=cfg.max_new_tokens, eos_id=eos, pad_id=pad,
                        temperature=cfg.temperature, top_p=cfg.top_p, uniforms=uniforms,
                        logprobs=plan.old_logprobs and plan.from_generation)
+    # prompt_index lives on the model's device like every row field: `batch.select` indexes them all
+    # with the update's minibatch rows, which live there
     batch = RolloutBatch(ids, mask, gen.response_ids, gen.response_mask,
-                         old_logprobs=torch.zeros(0), group_size=g, prompt_index=index)
+                         old_logprobs=torch.zeros(0), group_size=g, prompt_index=index.to(device))
     if gen.logprobs is not None:
         batch.old_logprobs = gen.logprobs
     elif plan.old_logprobs:

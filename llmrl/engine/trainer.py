@@ -428,6 +428,6 @@ def summarize(config: Config, history: list[dict[str, Any]], before: EvalResult 
         "step_time_s_mean": sum(r["step_time_s"] for r in history) / max(len(history), 1),
         "wall_time_s": wall,
         "peak_rss_mib": peak_rss_mib(),
-        "peak_device_mib": peak_device_mib(),
+        "peak_device_mib": peak_device_mib(config.model.device),
         "run_dir": str(path),
     }
