@@ -2,7 +2,8 @@
 # Here (a machine with PyPI and the cached SmolLM2 copy), once per checkout: put in .gpu/ (in
 # .gitignore, carried to the GPU machine, ~30 MiB) what bench/gpu_table.sh needs there, where nothing can be
 # downloaded: this machine's versions of the packages the GPU image lacks or has in another version
-# (as Python 3.12 x86-64 wheels), TRL 1.12 for the PPO contender, and SmolLM2's tokenizer files.
+# (as Python 3.12 x86-64 wheels), TRL 1.12 for the PPO contender, SmolLM2's tokenizer files and the
+# built-in tiny model.
 #
 #     bash bench/gpu_prepare.sh            # then: device run, carry [".gpu"], command "bash bench/gpu_table.sh"
 set -euo pipefail
@@ -20,4 +21,8 @@ download() {  # download DIR SPEC...: binary wheels for CPython 3.12 on manylinu
 download .gpu/whl "${PKGS[@]}"
 download .gpu/trl112 trl==1.12.0
 "$PY" bench/gpu_model.py tokenizer --out .gpu/tokenizer
-du -sh .gpu/whl .gpu/trl112 .gpu/tokenizer
+# the built-in tiny model (gpu_check.sh trains it): built once here instead of warm-started there
+rm -rf .gpu/cache && mkdir -p .gpu/cache
+PYTHONPATH="$PWD" "$PY" -c "import shutil, sys; from llmrl.models.tiny import ensure_tiny; \
+p = ensure_tiny(show_progress=False); shutil.copytree(p, sys.argv[1] + '/' + p.name)" .gpu/cache
+du -sh .gpu/whl .gpu/trl112 .gpu/tokenizer .gpu/cache

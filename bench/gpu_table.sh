@@ -21,6 +21,7 @@ STEPS=${STEPS:-4} REPS=${REPS:-2} THREADS=${THREADS:-4} SITE=${SITE:-/tmp/llmrl-
 ONLY=${ONLY:-llmrl-grpo-defaults,trl-grpo,llmrl-rloo-fast,trl-rloo,llmrl-ppo,trl-ppo,bound}
 LOG="$OUT/gpu-table.log"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+[ -d .gpu/cache ] && export LLMRL_CACHE_DIR="$PWD/.gpu/cache"  # the built-in tiny model, built here
 say() { echo "== $(date -u +%T) $*" | tee -a "$LOG"; }
 
 if [ "${INSTALL:-1}" = 1 ]; then
@@ -49,7 +50,8 @@ timeout 300 "$PY" bench/gpu_model.py build --shape "$SHAPE" --tokenizer .gpu/tok
 
 if [ "${CHECK:-1}" = 1 ] && [ -f bench/gpu_check.sh ]; then
   say "bench/gpu_check.sh"
-  timeout 180 bash bench/gpu_check.sh 2>&1 | tail -n 60 | tee -a "$LOG"
+  # its logs and run folder stay there (what comes back from $OUT is limited to 8 files); the tails come here
+  OUT=/tmp/llmrl-gpu-check timeout 300 bash bench/gpu_check.sh 2>&1 | tee -a "$LOG"
 fi
 
 say "bench/vs_trl.py on $DEVICE, $DTYPE, $STEPS steps × $REPS reps: $ONLY"
