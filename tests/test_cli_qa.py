@@ -1,0 +1,68 @@
+"""A new user's mistakes through the real CLI (quality pass): each is refused with one sentence on
+stderr and a non-zero exit, and nothing the user made is deleted. Real files, a real tiny model,
+real runs; the signal tests run `python -m llmrl` as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from llmrl.cli import app
+
+SMALL = ["--set", "rollout.prompts_per_step=4", "--set", "update.minibatch_size=4", "--set", "eval.size=2",
+         "--set", "eval.every=0", "--set", "threads=1"]
+
+
+def _run(args: list[str]) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, args)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def _refused(args: list[str], message: str, code: int = 2) -> str:
+    """Run the CLI and check: exit `code`, `message` on stderr, one line, no traceback."""
+    exit_code, stdout, stderr = _run(args)
+    assert exit_code == code, (exit_code, stdout, stderr)
+    assert message in stderr, stderr
+    assert "Traceback" not in stdout + stderr and len(stderr.strip().splitlines()) == 1, stderr
+    return stderr
+
+
+@pytest.fixture(scope="module")
+def run_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished 2-step PPO run of the random tiny model."""
+    out = tmp_path_factory.mktemp("qa") / "run"
+    code, _, err = _run(["train", "--model", str(tiny_model_dir), "--steps", "2", "--out", str(out), *SMALL])
+    assert code == 0, err
+    return out
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_export_never_replaces_the_run_or_what_is_not_an_export(run_dir: Path, tmp_path: Path) -> None:
+    before = _files(run_dir)
+    _refused(["export", str(run_dir), "--out", str(run_dir), "--overwrite"], "is or contains the run folder")
+    _refused(["export", str(run_dir), "--out", str(run_dir.parent), "--overwrite"], "is or contains the run folder")
+    _refused(["export", str(run_dir), "--out", str(run_dir / "adapters" / "actor"), "--overwrite"],
+             "is part of the run folder")
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("mine")
+    _refused(["export", str(run_dir), "--out", str(notes), "--overwrite"], "--overwrite replaces only an earlier export")
+    assert (notes / "todo.txt").read_text() == "mine"
+    assert _files(run_dir) == before
+    # an earlier export is still replaced, and a new folder inside the run is fine
+    inside = run_dir / "merged"
+    assert _run(["export", str(run_dir), "--out", str(inside)])[0] == 0
+    code, _, err = _run(["export", str(run_dir), "--out", str(inside), "--overwrite", "--adapter-only"])
+    assert code == 0, err
+    assert (inside / "adapter_config.json").is_file() and not (inside / "model.safetensors").exists()
