@@ -66,3 +66,13 @@ def test_export_never_replaces_the_run_or_what_is_not_an_export(run_dir: Path, t
     code, _, err = _run(["export", str(run_dir), "--out", str(inside), "--overwrite", "--adapter-only"])
     assert code == 0, err
     assert (inside / "adapter_config.json").is_file() and not (inside / "model.safetensors").exists()
+
+
+def test_train_refuses_a_folder_with_other_files(tiny_model_dir: Path, tmp_path: Path) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    for extra in ([], ["--overwrite"]):
+        _refused(["train", "--model", str(tiny_model_dir), "--steps", "1", "--out", str(mine), *SMALL, *extra],
+                 f"'{mine}' is not empty and holds no run; choose an empty or new --out folder.")
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
