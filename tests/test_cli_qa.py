@@ -76,3 +76,20 @@ def test_train_refuses_a_folder_with_other_files(tiny_model_dir: Path, tmp_path:
         _refused(["train", "--model", str(tiny_model_dir), "--steps", "1", "--out", str(mine), *SMALL, *extra],
                  f"'{mine}' is not empty and holds no run; choose an empty or new --out folder.")
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.parametrize(("item", "message"), [
+    ("update.lr_actor=nan", "'update.lr_actor' must be a finite number, got nan."),
+    ("kl.beta=.inf", "'kl.beta' must be a finite number, got inf."),
+    ("reward.success=-.inf", "'reward.success' must be a finite number, got -inf."),
+    ("update.dual_clip=nan", "'update.dual_clip' must be a finite number, got nan."),
+])
+def test_non_finite_settings_are_refused(tmp_path: Path, item: str, message: str) -> None:
+    _refused(["train", "--steps", "1", "--set", item, "--out", str(tmp_path / "r")], message)
+    recipe = tmp_path / "r.yaml"
+    key, value = item.split("=")
+    section, _, leaf = key.rpartition(".")
+    value = ".nan" if value == "nan" else value  # YAML's float NaN (plain `nan` is a string there)
+    recipe.write_text(f"{section}:\n  {leaf}: {value}\n")
+    _refused(["config", "--recipe", str(recipe)], message)
+    assert not (tmp_path / "r").exists()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -88,6 +89,8 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
         return value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"'{key}' must be a finite number, got {value!r}.")
     if tp is str and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
     if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
