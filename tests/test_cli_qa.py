@@ -93,3 +93,23 @@ def test_non_finite_settings_are_refused(tmp_path: Path, item: str, message: str
     recipe.write_text(f"{section}:\n  {leaf}: {value}\n")
     _refused(["config", "--recipe", str(recipe)], message)
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(("item", "message"), [
+    ("lora.target_modules=nope", "'lora.target_modules' ['nope'] matches no linear layer of the model; its linear "
+                                 "layers: down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj."),
+    ("lora.target_modules=[input_layernorm]", "LoRA cannot adapt the model with lora.target_modules=['input_layernorm']"),
+    ("lora.modules_to_save=[nrom]", "'lora.modules_to_save' entry 'nrom' matches no module of the model; its modules: "
+                                    "act_fn, down_proj, embed_tokens, gate_proj, input_layernorm, k_proj, layers,"),
+])
+def test_lora_targets_the_model_lacks(tiny_model_dir: Path, tmp_path: Path, item: str, message: str) -> None:
+    _refused(["train", "--model", str(tiny_model_dir), "--steps", "1", *SMALL, "--set", item,
+              "--out", str(tmp_path / "r")], message)
+
+
+def test_lora_targets_by_full_name_train(tiny_model_dir: Path, tmp_path: Path) -> None:
+    code, _, err = _run(["train", "--model", str(tiny_model_dir), "--steps", "1", *SMALL, "--out", str(tmp_path / "r"),
+                         "--set", "lora.target_modules=[model.layers.0.self_attn.q_proj,no_such_layer]"])
+    assert code == 0, err
+    adapter = json.loads((tmp_path / "r" / "adapters" / "actor" / "adapter_config.json").read_text())
+    assert sorted(adapter["target_modules"]) == ["model.layers.0.self_attn.q_proj", "no_such_layer"]
