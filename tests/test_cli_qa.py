@@ -113,3 +113,27 @@ def test_lora_targets_by_full_name_train(tiny_model_dir: Path, tmp_path: Path) -
     assert code == 0, err
     adapter = json.loads((tmp_path / "r" / "adapters" / "actor" / "adapter_config.json").read_text())
     assert sorted(adapter["target_modules"]) == ["model.layers.0.self_attn.q_proj", "no_such_layer"]
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"steps: 1\nseed: 3\nsteps: 2\n", "sets 'steps' twice (line 3)."),
+    (b"update:\n  lr_actor: 0.1\n  lr_actor: 0.2\n", "sets 'lr_actor' twice (line 3)."),
+    (b"\xff\xfe s\x00t\x00", "is not valid YAML (not UTF-8 text)."),
+])
+def test_recipe_file_mistakes(tmp_path: Path, content: bytes, message: str) -> None:
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_bytes(content)
+    _refused(["train", "--recipe", str(recipe), "--out", str(tmp_path / "r")], f"Recipe file '{recipe}' {message}")
+    assert not (tmp_path / "r").exists()
+
+
+def test_recipe_that_is_a_folder(tmp_path: Path) -> None:
+    _refused(["config", "--recipe", str(tmp_path)], f"Recipe file '{tmp_path}' is a folder, not a YAML file.")
+
+
+def test_recipe_merge_keys_still_override(tmp_path: Path) -> None:
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("update:\n  <<: {lr_actor: 0.1, epochs: 2}\n  lr_actor: 0.2\n")
+    result = CliRunner().invoke(app, ["config", "--recipe", str(recipe), "--yaml"])
+    assert result.exit_code == 0, result.stderr
+    assert "  lr_actor: 0.2\n" in result.stdout and "  epochs: 2\n" in result.stdout
