@@ -137,3 +137,22 @@ def test_recipe_merge_keys_still_override(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["config", "--recipe", str(recipe), "--yaml"])
     assert result.exit_code == 0, result.stderr
     assert "  lr_actor: 0.2\n" in result.stdout and "  epochs: 2\n" in result.stdout
+
+
+def test_resume_a_finished_run_goes_nowhere_and_never_back(tiny_model_dir: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert _run(["train", "--model", str(tiny_model_dir), "--steps", "2", "--out", str(run), *SMALL])[0] == 0
+    summary = (run / "summary.json").read_bytes()
+    code, stdout, stderr = _run(["train", "--resume", str(run)])
+    assert code == 0 and stderr == "", stderr
+    assert f"'{run}' has finished its 2 steps; nothing to resume (pass --steps N with N > 2" in stdout
+    assert (run / "summary.json").read_bytes() == summary
+    _refused(["train", "--resume", str(run), "--steps", "1"],
+             f"'{run}' has trained 2 steps already; --steps 1 cannot go back (give more than 2 to train further).")
+    assert (run / "summary.json").read_bytes() == summary
+    code, _, stderr = _run(["train", "--resume", str(run), "--steps", "3"])
+    assert code == 0, stderr
+    assert "steps: 3\n" in (run / "config.yaml").read_text()  # config.yaml is the recipe of the 3-step run
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    code, stdout, _ = _run(["train", "--resume", str(run)])
+    assert code == 0 and "has finished its 3 steps" in stdout
