@@ -156,3 +156,16 @@ def test_resume_a_finished_run_goes_nowhere_and_never_back(tiny_model_dir: Path,
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
     code, stdout, _ = _run(["train", "--resume", str(run)])
     assert code == 0 and "has finished its 3 steps" in stdout
+
+
+def test_train_refuses_task_and_dataset_together(tmp_path: Path) -> None:
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n' * 20)
+    _refused(["train", "--task", "chat_sum", "--dataset", str(data), "--reward", "numeric", "--out", str(tmp_path / "r")],
+             "Give --task or --dataset, not both.")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0"])
+def test_eval_refuses_a_temperature_that_is_not_a_positive_number(value: str) -> None:
+    _refused(["eval", "--model", "tiny", "--temperature", value], "--temperature a finite number > 0.")

@@ -69,6 +69,8 @@ def train(
             return
         run_training(config, RichReporter(), resume=True)
         return
+    if task is not None and dataset is not None:
+        raise ConfigError("Give --task or --dataset, not both.")
     overrides = {"algo": algo, "model.name": model, "task": task, "steps": steps, "seed": seed,
                  "out": str(out) if out else None, "data.dataset": dataset,
                  "reward.functions": [reward] if reward else None,
