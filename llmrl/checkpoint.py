@@ -111,6 +111,12 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(PATTERN.match(p.name).group(1)))  # type: ignore[union-attr]
 
 
+def newest_step(root: Path) -> int | None:
+    """The step of the run's newest complete checkpoint (from its folder name), None without one."""
+    found = list_checkpoints(root)
+    return int(PATTERN.match(found[-1].name).group(1)) if found else None  # type: ignore[union-attr]
+
+
 def load_checkpoint(path: Path, stack: Any) -> dict[str, Any]:
     """Copy the saved weights into `stack` and return the saved state dict."""
     weights = load_file(str(path / "trainable.safetensors"))

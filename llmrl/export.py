@@ -37,10 +37,30 @@ class Exported:
     source: str
 
 
-def check_out(out: Path, overwrite: bool) -> None:
-    """Refuse an existing, non-empty `out` unless `overwrite`."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+EXPORT_MARKERS = ("config.json", "adapter_config.json")  # what an earlier export (or any model folder) holds
+RUN_MARKERS = ("config.yaml", "compare.json")  # a run folder, a compare folder
+RUN_PARTS = ("adapters", "checkpoints", "tensorboard", "value_head.safetensors", "config.yaml", "metrics.jsonl",
+             "summary.json", "completions.jsonl", "curves.png")  # what a run folder holds (README)
+
+
+def check_out(out: Path, overwrite: bool, run_dir: Path | None = None) -> None:
+    """Refuse an existing, non-empty `out` unless `overwrite`; never replace the run itself, a folder
+    that holds it, another run or compare, or a folder that is not a model (--overwrite deletes `out`)."""
+    target = out.resolve()
+    if run_dir is not None:
+        run = run_dir.resolve()
+        if target == run or target in run.parents:
+            raise LLMRLError(f"--out '{out}' is or contains the run folder '{run_dir}'; choose another --out.")
+        if run in target.parents and target.relative_to(run).parts[0] in RUN_PARTS:
+            raise LLMRLError(f"--out '{out}' is part of the run folder '{run_dir}'; choose another --out.")
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    if not overwrite:
         raise LLMRLError(f"'{out}' already exists; pass --overwrite to replace it.")
+    if out.is_dir() and (any((out / m).exists() for m in RUN_MARKERS)
+                         or not any((out / m).is_file() for m in EXPORT_MARKERS)):
+        raise LLMRLError(f"'{out}' holds a run or files other than an exported model; --overwrite replaces only "
+                         f"an earlier export (a folder with config.json or adapter_config.json), so choose another --out.")
 
 
 def _readable(folder: Path) -> None:
@@ -112,7 +132,7 @@ def export_run(run_dir: str | Path, out: str | Path, *, dtype: str = "float32", 
     if not (run_dir / "config.yaml").is_file():
         raise LLMRLError(f"'{run_dir}' is not a run folder (no config.yaml); nothing to export.")
     actor_source(run_dir)  # fails early when the run saved no actor yet
-    check_out(out, overwrite)
+    check_out(out, overwrite, run_dir)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         tmp.mkdir(parents=True)

@@ -73,6 +73,8 @@ class RunFolder:
             if not overwrite:
                 raise LLMRLError(f"'{path}' already holds a run; pass --overwrite to replace it.")
             shutil.rmtree(path)
+        elif path.is_dir() and any(path.iterdir()):  # never mix a run into, or later delete, other files
+            raise LLMRLError(f"'{path}' is not empty and holds no run; choose an empty or new --out folder.")
         try:
             path.mkdir(parents=True, exist_ok=True)
             probe = path / ".write-test"

@@ -62,6 +62,14 @@ def test_group_estimators_through_the_cli() -> None:
         ({"scores": [1, 0]}, "remax", "needs 'baseline_scores'"),
         ({"scores": [1], "token_rewards": [[1]]}, "reinforce", "exactly one of"),
         ({"scores": [1, 0]}, "nope", "Unknown estimator 'nope'"),
+        ({"scores": [1, 0], "group_sise": 2}, "grpo", "Unknown input key 'group_sise'; did you mean 'group_size'?"),
+        ({"token_rewards": [[0, float("nan")]], "values": [[0, 0]]}, "ppo", "'token_rewards' must hold only finite numbers"),
+        ({"scores": [1, float("inf")]}, "reinforce", "'scores' must hold only finite numbers"),
+        ({"scores": [True, False]}, "reinforce", "'scores' must be a non-empty list of numbers"),
+        ({"scores": []}, "reinforce", "'scores' must be a non-empty list of numbers"),
+        ({"token_rewards": [[]], "values": [[]]}, "ppo", "non-empty rows"),
+        ({"token_rewards": [[0, 1]], "values": [[0, 0]], "gamma": 1.5}, "ppo", "gamma"),
+        ({"token_rewards": [[0, 1]], "values": [[0, 0]], "lam": "x"}, "ppo", "lam"),
     ],
 )
 def test_bad_advantages_input_exits_2(payload: dict, algo: str, message: str) -> None:

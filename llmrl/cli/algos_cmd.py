@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..algos import ALGOS, get_algo
-from ..config.schema import EstimatorConfig
+from ..config.load import check_bounds, coerce, field_types
 from ..errors import ConfigError
 from ..estimators import EstimatorInput, get_estimator
 from .errors import friendly
@@ -33,16 +34,28 @@ def algos() -> None:
     Console().print(table)
 
 
+INPUT_KEYS = ("token_rewards", "values", "scores", "group_size", "baseline_scores", "gamma", "lam", "n")
+SETTINGS = {"gamma": "estimator.gamma", "lam": "estimator.lam", "n": "estimator.n_step"}  # bounds as in a recipe
+
+
+def _finite(key: str, x: torch.Tensor) -> torch.Tensor:
+    if not torch.isfinite(x).all():
+        raise ConfigError(f"'{key}' must hold only finite numbers (no NaN or infinity).")
+    return x
+
+
 def _matrix(data: dict[str, Any], key: str) -> torch.Tensor | None:
     rows = data.get(key)
     if rows is None:
         return None
-    if not isinstance(rows, list) or not rows or not all(isinstance(r, list) for r in rows):
-        raise ConfigError(f"'{key}' must be a non-empty list of rows (lists of numbers).")
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, list) and r for r in rows):
+        raise ConfigError(f"'{key}' must be a non-empty list of non-empty rows (lists of numbers).")
     if len({len(r) for r in rows}) != 1:
         raise ConfigError(f"'{key}' has ragged rows; every row must have the same length.")
+    if any(isinstance(v, bool) for r in rows for v in r):
+        raise ConfigError(f"'{key}' must hold only numbers.")
     try:
-        return torch.tensor(rows, dtype=torch.float32)
+        return _finite(key, torch.tensor(rows, dtype=torch.float32))
     except (TypeError, ValueError):
         raise ConfigError(f"'{key}' must hold only numbers.") from None
 
@@ -51,16 +64,35 @@ def _vector(data: dict[str, Any], key: str) -> torch.Tensor | None:
     values = data.get(key)
     if values is None:
         return None
+    if not isinstance(values, list) or not values or any(isinstance(v, bool) for v in values):
+        raise ConfigError(f"'{key}' must be a non-empty list of numbers.")
     try:
-        return torch.tensor(values, dtype=torch.float32).reshape(-1)
+        return _finite(key, torch.tensor(values, dtype=torch.float32).reshape(-1))
     except (TypeError, ValueError):
         raise ConfigError(f"'{key}' must be a list of numbers.") from None
+
+
+def _setting(data: dict[str, Any], key: str) -> Any:
+    """gamma, lam or n from the input, checked like the recipe keys estimator.gamma/lam/n_step."""
+    tp, f = field_types()[SETTINGS[key]]
+    value = coerce(key, data.get(key, f.default), tp)
+    check_bounds(key, value, f.metadata)
+    return value
+
+
+def _check_keys(data: dict[str, Any]) -> None:
+    for key in data:
+        if key not in INPUT_KEYS:
+            close = difflib.get_close_matches(str(key), INPUT_KEYS, n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            raise ConfigError(f"Unknown input key '{key}'; {hint}valid keys: {', '.join(INPUT_KEYS)}.")
 
 
 def parse_input(data: Any, estimator: str) -> EstimatorInput:
     """Validate the JSON of `llmrl advantages` and build the estimator's input record."""
     if not isinstance(data, dict):
         raise ConfigError("The input must be a JSON object.")
+    _check_keys(data)
     spec = get_estimator(estimator)
     rewards = _matrix(data, "token_rewards")
     scores = _vector(data, "scores")
@@ -82,9 +114,8 @@ def parse_input(data: Any, estimator: str) -> EstimatorInput:
     baseline = _vector(data, "baseline_scores")
     if spec.needs.greedy and (baseline is None or baseline.shape[0] != n):
         raise ConfigError(f"Estimator '{estimator}' needs 'baseline_scores', one per row ({n}).")
-    d = EstimatorConfig()
     return EstimatorInput(rewards, torch.ones_like(rewards, dtype=torch.bool), group, values, baseline,
-                          float(data.get("gamma", d.gamma)), float(data.get("lam", d.lam)), int(data.get("n", d.n_step)))
+                          _setting(data, "gamma"), _setting(data, "lam"), _setting(data, "n"))
 
 
 def _rounded(x: torch.Tensor | None) -> list[list[float]] | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Optional
 
 import typer
@@ -50,9 +51,9 @@ def eval(  # noqa: A001 - the command is called `eval`
 ) -> None:
     """Score a model on held-out prompts: greedy accuracy and mean reward, and pass@1 / pass@K
     over K sampled completions per prompt (the unbiased estimator of Chen et al. 2021)."""
-    if samples < 0 or (size is not None and size < 1) or (temperature is not None and temperature <= 0) \
+    if samples < 0 or (size is not None and size < 1) or (temperature is not None and not 0 < temperature < math.inf) \
             or (max_new_tokens is not None and max_new_tokens < 1):
-        raise ConfigError("--samples must be ≥ 0, --size and --max-new-tokens ≥ 1 and --temperature > 0.")
+        raise ConfigError("--samples must be ≥ 0, --size and --max-new-tokens ≥ 1 and --temperature a finite number > 0.")
     if device is not None and device not in ("cpu", "cuda", "auto"):
         raise ConfigError(f"--device must be one of cpu, cuda, auto; got '{device}'.")
     if dataset is not None and task is not None:

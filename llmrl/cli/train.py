@@ -2,17 +2,33 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from ..checkpoint import newest_step
 from ..config import load_config
 from ..errors import ConfigError
 from ..engine.trainer import train as run_training
 from .display import RichReporter
 from .errors import friendly
 from .launch import forwarded_args, launch
+
+
+def finished(run: Path, steps: int) -> bool:
+    """Whether `run` already trained `steps` steps and wrote its summary; refuses a target below its
+    newest checkpoint (a run cannot go back)."""
+    done = newest_step(run)
+    if done is not None and steps < done:
+        raise ConfigError(f"'{run}' has trained {done} steps already; --steps {steps} cannot go back "
+                          f"(give more than {done} to train further).")
+    summary = run / "summary.json"
+    try:
+        return done == steps and summary.is_file() and json.loads(summary.read_text()).get("steps") == steps
+    except (OSError, ValueError):
+        return False  # a summary cut short: resuming writes it again
 
 
 @friendly
@@ -47,8 +63,14 @@ def train(
         if not (resume / "config.yaml").is_file():
             raise ConfigError(f"'{resume}' is not a run folder (no config.yaml); nothing to resume.")
         config = load_config(resume / "config.yaml", {"out": str(resume), "steps": steps})
+        if finished(resume, config.steps):
+            print(f"'{resume}' has finished its {config.steps} steps; nothing to resume "
+                  f"(pass --steps N with N > {config.steps} to train further).")
+            return
         run_training(config, RichReporter(), resume=True)
         return
+    if task is not None and dataset is not None:
+        raise ConfigError("Give --task or --dataset, not both.")
     overrides = {"algo": algo, "model.name": model, "task": task, "steps": steps, "seed": seed,
                  "out": str(out) if out else None, "data.dataset": dataset,
                  "reward.functions": [reward] if reward else None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -88,6 +89,8 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
         return value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"'{key}' must be a finite number, got {value!r}.")
     if tp is str and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
     if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
@@ -152,13 +155,41 @@ def _looks_numeric(text: str) -> bool:
     return True
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, line: int) -> None:
+        super().__init__(key)
+        self.key, self.line = key, line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader, except that a key given twice in one mapping is an error (PyYAML
+    silently keeps the last one, so `steps: 1` … `steps: 2` would train 2 steps without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                continue  # `<<: *anchor` merges may be overridden by the mapping's own keys
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise _DuplicateKey(key, key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_recipe(path: str | Path) -> dict[str, Any]:
     """A recipe file as a flat {dotted key: value} dict."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"Recipe file '{p}' is a folder, not a YAML file.")
     if not p.is_file():
         raise ConfigError(f"Recipe file '{p}' does not exist.")
     try:
-        tree = yaml.safe_load(p.read_text()) or {}
+        tree = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
+    except UnicodeDecodeError:
+        raise ConfigError(f"Recipe file '{p}' is not valid YAML (not UTF-8 text).") from None
+    except _DuplicateKey as exc:
+        raise ConfigError(f"Recipe file '{p}' sets '{exc.key}' twice (line {exc.line}).") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""

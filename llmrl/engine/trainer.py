@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, NoReturn
 
 import torch
+import yaml
 from transformers import PreTrainedTokenizerBase
 
 from ..config import Config
@@ -120,12 +121,21 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
                        from_generation=generation_logprobs(config.rollout, base.dtype))
     if not resume:
         folder.write_config(config)
+    else:  # a run extended with --steps records its new length: config.yaml stays the recipe of the run
+        dist.main_only(lambda: _record_steps(folder, config))
     return Session(
         config, task, tokenizer, stack, spec, plan, make_optimizers(stack, config.update),
         KLController(config.kl.beta, config.kl.adaptive, config.kl.target, config.kl.horizon),
         PromptSampler(len(task.train), config.rollout.prompts_per_step, config.seed), folder,
         torch.Generator().manual_seed(config.seed + 1), dist,
     )
+
+
+def _record_steps(folder: RunFolder, config: Config) -> None:
+    """Rewrite RUN/config.yaml when the resumed run's `steps` differ from the stored ones."""
+    stored = yaml.safe_load((folder.path / "config.yaml").read_text()) or {}
+    if stored.get("steps") != config.steps:
+        folder.write_config(config)
 
 
 def check_context(task: Task, tokenizer: PreTrainedTokenizerBase, model_config: Any, max_new_tokens: int) -> None:

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from ..config.schema import LoraConfig
+from ..errors import ConfigError
 from .prefix import distinct_prompts, shared_prefix_hidden
 
 ROLES = ("actor", "critic", "reference")
@@ -63,6 +64,23 @@ def lora_settings(cfg: LoraConfig) -> PeftLoraConfig:
     )
 
 
+def check_lora_targets(base: nn.Module, lora: LoraConfig) -> None:
+    """Refuse `lora.target_modules` that name no linear layer of `base` and `lora.modules_to_save`
+    entries that match no module (peft matches a module whose full name ends with the entry)."""
+    names = [name for name, _ in base.named_modules() if name]
+    linear = sorted({n.rsplit(".", 1)[-1] for n, m in base.named_modules() if isinstance(m, nn.Linear)})
+    if lora.target_modules is not None:
+        wanted = set(lora.target_modules)
+        if not any(n in wanted or n.rsplit(".", 1)[-1] in wanted for n in names):
+            raise ConfigError(f"'lora.target_modules' {lora.target_modules} matches no linear layer of the model; "
+                              f"its linear layers: {', '.join(linear)}.")
+    for entry in lora.modules_to_save or []:
+        if not any(n.endswith(entry) for n in names):
+            leaves = sorted({leaf for n in names if not (leaf := n.rsplit(".", 1)[-1]).isdigit()})
+            raise ConfigError(f"'lora.modules_to_save' entry '{entry}' matches no module of the model; "
+                              f"its modules: {', '.join(leaves)}.")
+
+
 class PolicyStack(nn.Module):
     """The frozen base, the `actor` (and optionally `critic`) adapters and the value head.
 
@@ -76,7 +94,13 @@ class PolicyStack(nn.Module):
         self.share_prompts = share_prompts
         for p in base.parameters():
             p.requires_grad_(False)
-        self.peft: PeftModel = get_peft_model(base, lora_settings(lora), adapter_name="actor")
+        check_lora_targets(base, lora)
+        try:
+            self.peft: PeftModel = get_peft_model(base, lora_settings(lora), adapter_name="actor")
+        except ValueError as exc:  # e.g. a target that is not a layer type LoRA supports (a norm)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"LoRA cannot adapt the model with lora.target_modules={lora.target_modules}: "
+                              f"{first.rstrip('.')}.") from None
         self.has_critic = with_critic
         self.value_head: nn.Linear | None = None
         if with_critic:
