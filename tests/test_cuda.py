@@ -227,8 +227,9 @@ def test_cli_eval_on_cuda_equals_the_cpu(cuda_run: Path) -> None:
 # ---- resume, bfloat16 ------------------------------------------------------------------------------
 
 def test_resume_on_cuda_continues_the_uninterrupted_run(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """LoRA dropout draws from the CUDA generator during rollouts and updates, so the resumed run
-    samples the same completions only if the checkpoint restored the CUDA RNG state."""
+    """LoRA dropout draws from the CUDA generator in the update's forwards, so the resumed run
+    trains the same adapters (and so samples the same completions) only if the checkpoint restored
+    the CUDA RNG state."""
     base = {**SMALL, "model.name": str(tiny_model_dir), "model.device": "cuda", "checkpoint.every": 2,
             "lora.dropout": 0.1}
     train(load_config(overrides={**base, "out": str(tmp_path / "full"), "steps": 4}))

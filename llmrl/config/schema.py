@@ -40,12 +40,16 @@ class ModelConfig:
 class LoraConfig:
     r: int = opt(16, "LoRA rank of the actor and critic adapters", min=1)
     alpha: float = opt(32.0, "LoRA scaling numerator (scale = alpha / r)", gt=0)
-    dropout: float = opt(0.0, "LoRA dropout", min=0, max=1)
+    dropout: float = opt(
+        0.0, "LoRA dropout probability, a regulariser of the update's gradient forwards only: rollouts, "
+        "no-grad forwards, evaluation and export run without it", min=0, max=1,
+    )
     target_modules: list[str] | None = opt(
         None, "module names to adapt; default: every linear layer except the LM head ('all-linear')"
     )
     modules_to_save: list[str] | None = opt(
-        None, "modules trained in full inside each adapter (e.g. 'norm'); the reference keeps the originals"
+        None, "modules trained in full inside each adapter (e.g. 'norm'); the reference keeps the originals; "
+        "float32 master weights on a float16/bfloat16 base"
     )
 
 
@@ -103,14 +107,15 @@ class UpdateConfig:
     max_bad_steps: int = opt(3, "stop after this many steps in a row whose loss or gradient was not finite", min=1)
     on_policy_logprobs: str = auto_switch(
         "take log π_old from the update's own forward (ratio ≡ 1) instead of a separate no-grad forward "
-        "in the rollout: one forward less, same numbers up to float rounding; exact only for an on-policy update "
+        "in the rollout: one forward less, same numbers up to float rounding (with lora.dropout > 0 log π_old is "
+        "that masked forward's); exact only for an on-policy update "
         "(update.epochs=1, update.minibatch_size = all rows of a step, no KL in the reward). 'auto': whenever the "
         "update is on-policy; 'on': require it; 'off': never"
     )
     on_policy_values: str = auto_switch(
         "take V_old(s_t) for the advantages from the critic's own update forward (run first, kept for its "
         "backward) instead of a separate no-grad critic forward in the rollout: one forward less, same numbers up to "
-        "float rounding; only for one epoch of one minibatch of all rows without micro-batches. 'auto': whenever "
+        "float rounding (with lora.dropout > 0 V_old is that masked forward's); only for one epoch of one minibatch of all rows without micro-batches. 'auto': whenever "
         "that holds; 'on': require it; 'off': never"
     )
     loss_agg: str = opt(

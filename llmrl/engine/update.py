@@ -4,6 +4,14 @@ Each pass runs under its own adapter (`stack.use(role)`), splits its minibatch i
 (gradient accumulation with exact normalisation), clips the gradient norm and steps its own AdamW.
 A pass whose loss or gradient is not finite is skipped and counted.
 
+LoRA dropout (`lora.dropout`) is active in the update's gradient forwards only (`stack.dropout_active()`
+around each pass and around `critic_forward`); the rollout's forwards ran without it. So with
+dropout > 0 and separate rollout forwards, the first minibatch's ratio π_θ/π_old is that of a
+dropout-masked forward to the deterministic policy that sampled (not exactly 1), and its values are
+a masked forward's. The on-policy shortcuts take π_old and V_old from the masked update forward
+itself: the ratio stays exactly 1 and the value clip sees V = V_old, while log π_old (and the logged
+KL) and the advantages' baseline carry that forward's dropout mask.
+
 Data-parallel runs (see ../distributed.py): the minibatches are cut from one permutation of the
 global N rows, drawn from the same generator on every rank; each rank runs the rows of a minibatch
 that it holds, normalised by the minibatch's global token and row counts, so its loss is its share
@@ -96,8 +104,10 @@ def _actor_loss(stack: PolicyStack, mb: RolloutBatch, adv: Tensor, cfg: UpdateCo
 def critic_forward(stack: PolicyStack, batch: RolloutBatch) -> Tensor:
     """V(s_t) of every row, (N, T), with its graph (`update.on_policy_values`): the critic's update
     forward, run before the advantages, which need its values; sets `batch.values` (detached, 0
-    where masked) so the rollout's no-grad critic forward is not needed."""
-    v = critic_values(stack, batch)
+    where masked) so the rollout's no-grad critic forward is not needed. As a gradient forward it runs
+    with LoRA dropout active, so with `lora.dropout` > 0 these V_old carry its dropout mask."""
+    with stack.dropout_active():
+        v = critic_values(stack, batch)
     batch.values = torch.where(batch.response_mask, v.detach(), torch.zeros_like(v))
     return v
 
@@ -125,7 +135,7 @@ def _pass(role: str, stack: PolicyStack, opt: torch.optim.Optimizer, batch: Roll
     opt.zero_grad(set_to_none=True)
     stats: dict[str, float] = defaultdict(float)
     finite = True
-    with stack.use(role):
+    with stack.use(role), stack.dropout_active():  # the update's forwards alone use LoRA dropout
         micros = _micro_batches(rows, cfg.micro_batch_size)
         for _ in range(lockstep - len(micros)):  # keep the sharded forwards of all ranks in step
             one = torch.zeros(1, dtype=torch.long, device=rows.device)
@@ -166,7 +176,8 @@ def update(stack: PolicyStack, opts: dict[str, torch.optim.Optimizer], batch: Ro
     In a data-parallel run `batch` is this rank's rows [r·n, (r+1)·n) of the global batch of
     n·W rows, and every rank must call this with the same generator state. `on_policy` (see
     `config.load.on_policy_update`; the rollout then left `batch.old_logprobs` at 0): the actor's
-    own forward provides log π_old, detached, and writes it back into `batch` (for the logged KL).
+    own forward provides log π_old, detached, and writes it back into `batch` (for the logged KL);
+    with LoRA dropout that forward's mask is in it, and the ratio is still exactly 1.
     `critic_values` (N, T) with graph (`critic_forward`, one pass of all rows only): the critic pass
     runs first and backpropagates through these values instead of a new forward."""
     history: dict[str, list[float]] = defaultdict(list)

@@ -99,5 +99,7 @@ def load_actor(run_dir: Path, *, dtype: str | None = None, device: str | None = 
 
 def merge_actor(stack: PolicyStack) -> PreTrainedModel:
     """base + actor folded into plain weights: W ← W + (α/r)·B·A for each LoRA layer, and every
-    `modules_to_save` copy (e.g. trained norms) replaces its original. The stack is consumed."""
+    `modules_to_save` copy (e.g. trained norms) replaces its original, in the base's dtype (float32
+    masters of a half-precision stack are cast back first). The stack is consumed."""
+    stack.release_float32_masters()
     return stack.peft.merge_and_unload(adapter_names=["actor"])

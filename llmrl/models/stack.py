@@ -9,6 +9,14 @@
 peft injects both adapters into the same base modules, so exactly one copy of the base weights
 exists. `set_adapter` also decides which adapter is trainable, so the actor and the critic are
 updated in separate passes, each inside its own context.
+
+Modes: every module of the stack stays in eval mode, so generation, every no-grad forward,
+evaluation and export are deterministic. `lora.dropout` is a regulariser of the update only: its
+gradient forwards run inside `stack.dropout_active()`, which turns exactly the LoRA dropout modules to
+train mode and back.
+
+Precision: in a float16/bfloat16 run the trainable full-module copies (`lora.modules_to_save`,
+e.g. norms) are float32 master weights, like peft's LoRA weights (`float32_masters`).
 """
 
 from __future__ import annotations
@@ -20,7 +28,10 @@ from typing import Iterator
 import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model
+from peft.tuners.lora import LoraLayer
+from peft.utils import ModulesToSaveWrapper
 from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
 from transformers import PreTrainedModel
 
 from ..config.schema import LoraConfig
@@ -111,6 +122,11 @@ class PolicyStack(nn.Module):
             nn.init.zeros_(self.value_head.weight)  # V ≡ 0 at the start: no random baseline noise
         self.peft.set_adapter("actor")
         self._role = "actor"
+        self._masters = float32_masters(self.peft)
+        # peft creates its LoRA dropout modules in train mode: switch them off everywhere but the update
+        self._dropouts = [d for layer in self.peft.modules() if isinstance(layer, LoraLayer)
+                          for d in layer.lora_dropout.values() if isinstance(d, nn.Dropout)]
+        self.eval()
 
     # ---- roles -------------------------------------------------------------------------------
     @property
@@ -145,6 +161,29 @@ class PolicyStack(nn.Module):
             self.peft.set_adapter(previous if previous != "reference" else "actor")
             self._role = previous
 
+    @contextmanager
+    def dropout_active(self) -> Iterator[None]:
+        """LoRA dropout active in the body: the update's gradient forwards (actor and critic). Outside
+        it every LoRA dropout module is in eval mode (the identity). With `lora.dropout` = 0 peft
+        builds no dropout module, so this changes nothing and draws no random number."""
+        before = [d.training for d in self._dropouts]
+        for d in self._dropouts:
+            d.train()
+        try:
+            yield
+        finally:
+            for d, mode in zip(self._dropouts, before):
+                d.train(mode)
+
+    def release_float32_masters(self) -> None:
+        """Undo `float32_masters` (before a merge into the base's dtype): hooks removed, every
+        trainable copy cast back to the dtype it had. A no-op for a float32 base."""
+        for master in self._masters:
+            for hook in master.hooks:
+                hook.remove()
+            master.module.to(master.dtype)
+        self._masters = []
+
     def trainable_roles(self) -> list[str]:
         return ["actor", "critic"] if self.has_critic else ["actor"]
 
@@ -178,6 +217,66 @@ class PolicyStack(nn.Module):
         """V(s_t) for every response position: value_head(h_t), (N, T). Call under `use('critic')`."""
         assert self.value_head is not None
         return self.value_head(self.hidden(seq).to(self.value_head.weight.dtype)).squeeze(-1)
+
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+def _trainable_copies(peft: PeftModel) -> list[nn.Module]:
+    """Every adapter's trainable copy of a `lora.modules_to_save` module (e.g. `...norm.modules_to_save.actor`)."""
+    return [m for w in peft.modules() if isinstance(w, ModulesToSaveWrapper) for m in w.modules_to_save.values()]
+
+
+def _cast(x: object, dtype: torch.dtype) -> object:
+    """Floating tensors (alone or in a tuple/list) cast to `dtype`; anything else unchanged."""
+    if isinstance(x, Tensor):
+        return x.to(dtype) if x.is_floating_point() else x
+    if isinstance(x, (tuple, list)):
+        return type(x)(_cast(v, dtype) for v in x)
+    return x
+
+
+@dataclass
+class Master:
+    """A trainable copy kept in float32 on a half-precision base: its former dtype and its cast hooks."""
+
+    module: nn.Module
+    dtype: torch.dtype
+    hooks: list[RemovableHandle]
+
+
+def float32_masters(peft: PeftModel) -> list[Master]:
+    """Make each half-precision trainable `modules_to_save` copy a float32 master module.
+
+    bfloat16's spacing near 1.0 is 2^-7 ≈ 0.008, so AdamW steps of lr · ~1 (1e-5..1e-3) round away
+    and a bfloat16 norm weight never changes. The copy's parameters become float32 (its gradients,
+    optimizer state, checkpoints and saved adapter follow) and a forward hook casts its floating
+    outputs back to the half dtype, so the rest of the model still runs in the base's dtype. A copy
+    holding a matrix (a Linear such as an LM head) also gets its floating inputs cast to float32 (a
+    matmul takes one dtype); a norm (vector weights) takes the half input as is: transformers' RMSNorm
+    computes in float32 and returns `weight * hidden.to(input_dtype)`, which with a float32 weight is
+    the exact product, rounded once by the hook, so at the start the copy's output equals the frozen
+    original's bit for bit. A copy sharing a parameter with another module (a tied LM head) is left
+    as it is. A float32/float64 base has no half copy: nothing changes.
+    """
+    elsewhere = {id(p) for n, p in peft.named_parameters(remove_duplicate=False) if ".modules_to_save." not in n}
+    masters = []
+    for copy in _trainable_copies(peft):
+        params = list(copy.parameters())
+        half = {p.dtype for p in params} & set(HALF)
+        if len(half) != 1 or any(id(p) in elsewhere for p in params):
+            continue
+        dtype = half.pop()
+        copy.to(torch.float32)
+        hooks = [copy.register_forward_hook(lambda _m, _args, out, dtype=dtype: _cast(out, dtype))]
+        if any(p.dim() >= 2 for p in params):
+            hooks.append(copy.register_forward_pre_hook(_float32_inputs, with_kwargs=True))
+        masters.append(Master(copy, dtype, hooks))
+    return masters
+
+
+def _float32_inputs(_module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    return _cast(args, torch.float32), {k: _cast(v, torch.float32) for k, v in kwargs.items()}
 
 
 def tempered(logits: Tensor, temperature: float) -> Tensor:
