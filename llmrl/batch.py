@@ -26,6 +26,8 @@ class RolloutBatch:
     scores          (N,)   reward of each response
     baseline_scores (N,)   reward of the greedy response to the same prompt (ReMax); else None
     reward_parts    {label: (N,)} each term of a weighted reward (scores = Σ weight · term); else None
+    base_hidden     (N, P+T, H) the frozen base's hidden state entering the critic's first layer L−k
+                    (a top-k critic's shortcut, `lora.critic_layers`); else None
     group_size      G
     prompt_index    (N,) long, the dataset index of each row's prompt
     """
@@ -42,6 +44,7 @@ class RolloutBatch:
     scores: Tensor | None = None
     baseline_scores: Tensor | None = None
     reward_parts: dict[str, Tensor] | None = None
+    base_hidden: Tensor | None = None
 
     @property
     def rows(self) -> int:

@@ -29,6 +29,9 @@ from .models.stack import PolicyStack
 def shard_base(stack: PolicyStack, dist: DistContext) -> DistContext:
     """Apply fully_shard to every decoder layer of `stack` (adapters excluded); returns the context
     with `lockstep` set, which the trainer uses from then on."""
+    if stack.critic_shortcut:
+        raise ConfigError("'lora.critic_layers' runs the critic from a layer in the middle of the sharded decoder, "
+                          "which 'dist.shard_base' does not support; set lora.critic_shortcut=false or leave one off.")
     if not dist.active:
         raise ConfigError("'dist.shard_base' shards the base over the processes of a torchrun run; "
                           "launch with --nproc N (N ≥ 2) or torchrun, or leave it off.")

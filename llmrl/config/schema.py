@@ -51,6 +51,16 @@ class LoraConfig:
         None, "modules trained in full inside each adapter (e.g. 'norm'); the reference keeps the originals; "
         "float32 master weights on a float16/bfloat16 base"
     )
+    critic_layers: int | None = opt(
+        None, "algorithms with a critic (ppo, a2c): put the critic's adapter on the top k decoder layers only, so its "
+        "forward starts from the frozen base's hidden state entering layer L−k (captured from the reference forward "
+        "when β > 0, else a no-grad base forward) and its backward stops there: the critic costs about k/L of a full "
+        "one; null: every layer (ignored without a critic)", min=1,
+    )
+    critic_shortcut: bool = opt(
+        True, "with lora.critic_layers: run the critic from the base's hidden state at layer L−k (false: a full "
+        "forward and backward through all layers, same values up to float rounding; for checks)"
+    )
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ class RolloutPlan:
     old_logprobs: bool = True  # False: the update's own forward fills them in (update.on_policy_logprobs)
     from_generation: bool = False  # old log-probs from the decoding logits, not a second actor forward
     critic_in_update: bool = False  # values from the critic's update forward (update.on_policy_values)
+    base_hidden: bool = False  # keep the base's hidden state at the critic's first layer (lora.critic_layers)
 
 
 def generation_logprobs(cfg: RolloutConfig, dtype: torch.dtype) -> bool:
@@ -68,9 +69,11 @@ def masked_values(stack: PolicyStack, batch: RolloutBatch) -> Tensor:
 
 
 def critic_values(stack: PolicyStack, batch: RolloutBatch) -> Tensor:
-    """V(s_t) of every response position under the critic, (N, T), with a graph when grad is on."""
+    """V(s_t) of every response position under the critic, (N, T), with a graph when grad is on
+    (from `batch.base_hidden` when the rollout kept it: only the critic's top layers run)."""
     with stack.use("critic"):
-        return stack.values(layout(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask))
+        return stack.values(layout(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask),
+                            batch.base_hidden)
 
 
 @torch.no_grad()
@@ -115,9 +118,13 @@ def rollout(
             batch.old_logprobs = masked_logprobs(stack, batch, cfg.temperature)
     else:  # filled in by the update's forward, before its one optimizer step (update.py)
         batch.old_logprobs = torch.zeros(gen.response_ids.shape, dtype=at_least_float32(stack.lm.dtype), device=device)
+    kept: list[Tensor] = []  # the base's hidden state at the critic's first layer, from the reference forward
     if plan.reference:
-        with stack.use("reference"):
+        with stack.use("reference"), stack.keeping_base(kept if plan.base_hidden else None):
             batch.ref_logprobs = masked_logprobs(stack, batch, cfg.temperature)
+    if plan.base_hidden:
+        batch.base_hidden = kept[0] if kept else stack.base_hidden(
+            layout(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask))
     if plan.critic:
         batch.values = masked_values(stack, batch)
     completions = decode(tokenizer, gen.response_ids, gen.response_mask)

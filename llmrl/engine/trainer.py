@@ -116,7 +116,7 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
     check_context(task, tokenizer, base.config, config.rollout.max_new_tokens)
     critic_in_update = spec.needs.critic and on_policy_values(config)
     plan = RolloutPlan(reference=config.kl.beta > 0, critic=spec.needs.critic and not critic_in_update,
-                       greedy=spec.needs.greedy, critic_in_update=critic_in_update,
+                       greedy=spec.needs.greedy, critic_in_update=critic_in_update, base_hidden=stack.critic_shortcut,
                        old_logprobs=not on_policy_update(config),
                        from_generation=generation_logprobs(config.rollout, base.dtype))
     if not resume:

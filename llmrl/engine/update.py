@@ -117,7 +117,7 @@ def _critic_loss(stack: PolicyStack, mb: RolloutBatch, returns: Tensor, cfg: Upd
     """vf_coef · value loss of the micro-batch; `v`: its values already computed (with graph)."""
     assert mb.values is not None
     if v is None:
-        v = stack.values(layout(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask))
+        v = stack.values(layout(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask), mb.base_hidden)
     vl = value_loss(v, mb.values, returns, mb.response_mask, cfg.value_clip, cfg.loss_agg, **totals)
     return cfg.vf_coef * vl, {"value_loss": vl.item()}
 

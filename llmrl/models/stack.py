@@ -37,6 +37,7 @@ from transformers import PreTrainedModel
 from ..config.schema import LoraConfig
 from ..errors import ConfigError
 from .prefix import distinct_prompts, shared_prefix_hidden
+from .top_layers import capture_layer_input, decoder_layers, from_layer, layer_input
 
 ROLES = ("actor", "critic", "reference")
 
@@ -114,8 +115,11 @@ class PolicyStack(nn.Module):
                               f"{first.rstrip('.')}.") from None
         self.has_critic = with_critic
         self.value_head: nn.Linear | None = None
+        self.critic_start = 0  # the critic's first adapted decoder layer L−k (lora.critic_layers)
+        self.critic_shortcut = False  # its forward starts from the base's hidden state there
+        self._keep: list[Tensor] | None = None  # see `keeping_base`
         if with_critic:
-            self.peft.add_adapter("critic", lora_settings(lora))
+            self.peft.add_adapter("critic", self._critic_settings(lora))
             hidden = base.config.get_text_config().hidden_size
             self.value_head = nn.Linear(hidden, 1, dtype=at_least_float32(base.dtype), device=base.device)
             nn.init.zeros_(self.value_head.bias)
@@ -127,6 +131,35 @@ class PolicyStack(nn.Module):
         self._dropouts = [d for layer in self.peft.modules() if isinstance(layer, LoraLayer)
                           for d in layer.lora_dropout.values() if isinstance(d, nn.Dropout)]
         self.eval()
+
+    def _critic_settings(self, lora: LoraConfig) -> PeftLoraConfig:
+        """The critic's peft settings: the actor's, restricted to the top k decoder layers when
+        `lora.critic_layers` = k (the modules the actor adapts inside layers L−k … L−1, by full name)."""
+        settings = lora_settings(lora)
+        k = lora.critic_layers
+        if k is None:
+            return settings
+        prefix, layers = decoder_layers(self.lm)
+        if k > len(layers):
+            raise ConfigError(f"'lora.critic_layers' ({k}) exceeds the model's {len(layers)} decoder layers.")
+        self.critic_start = len(layers) - k
+        self.critic_shortcut = lora.critic_shortcut and self.critic_start > 0
+        top = tuple(f"{prefix}.{i}." for i in range(self.critic_start, len(layers)))
+        settings.target_modules = sorted(n for n in self.peft.targeted_module_names if n.startswith(top))
+        if lora.modules_to_save:
+            settings.modules_to_save = self._critic_saved(prefix, top)
+        return settings
+
+    def _critic_saved(self, prefix: str, top: tuple[str, ...]) -> list[str]:
+        """The `modules_to_save` the top-k critic trains, by full name: those inside its layers and
+        those outside the layer list (e.g. the final norm); those in lower layers stay frozen for it.
+        A trained embedding would change every layer's input: refused."""
+        wrapped = {n: m for n, m in self.lm.named_modules() if isinstance(m, ModulesToSaveWrapper)}
+        outside = [n for n in wrapped if not n.startswith(prefix + ".")]
+        if any(isinstance(wrapped[n].original_module, nn.Embedding) for n in outside):
+            raise ConfigError("'lora.critic_layers' cannot be combined with an embedding in 'lora.modules_to_save' "
+                              "(it would change the hidden states below the critic's layers).")
+        return sorted(outside + [n for n in wrapped if n.startswith(top)])
 
     # ---- roles -------------------------------------------------------------------------------
     @property
@@ -196,16 +229,46 @@ class PolicyStack(nn.Module):
         return params
 
     # ---- forwards -----------------------------------------------------------------------------
+    @contextmanager
+    def keeping_base(self, keep: list[Tensor] | None) -> Iterator[None]:
+        """Forwards in the body (`hidden`) append the hidden state entering decoder layer L−k,
+        detached, (N, P+T, H), to `keep` (a top-k critic's shortcut, `lora.critic_layers`; run it
+        under `use('reference')`); None: nothing is kept."""
+        self._keep = keep
+        try:
+            yield
+        finally:
+            self._keep = None
+
     def hidden(self, seq: Sequences) -> Tensor:
         """Last hidden states at the positions that predict response tokens: (N, T, H)."""
+        keep = self._keep
         p = seq.prompt_len
         groups = distinct_prompts(seq.ids[:, :p], seq.attention[:, :p]) if self.share_prompts else None
-        if groups is not None:
-            return shared_prefix_hidden(self.lm.get_decoder(), seq.ids, seq.attention, seq.positions, p, groups)
+        decoder = self.lm.get_decoder()
+        with capture_layer_input(decoder, self.critic_start, keep is not None) as parts:
+            if groups is not None:
+                h = shared_prefix_hidden(decoder, seq.ids, seq.attention, seq.positions, p, groups)
+            else:
+                h = self._plain(seq)[:, p - 1 : -1]
+        if keep is not None:  # shared prompts: the distinct prompts' part, then every row's response part
+            keep.append(parts[0] if groups is None else torch.cat([parts[0][groups.inverse], parts[1]], dim=1))
+        return h
+
+    def _plain(self, seq: Sequences) -> Tensor:
+        """The decoder's last hidden state at every position, (N, P+T, H), in one plain forward."""
         out = self.lm.get_decoder()(
             input_ids=seq.ids, attention_mask=seq.attention, position_ids=seq.positions, use_cache=False
         )
-        return out.last_hidden_state[:, seq.prompt_len - 1 : -1]
+        return out.last_hidden_state
+
+    @torch.no_grad()
+    def base_hidden(self, seq: Sequences) -> Tensor:
+        """The frozen base's hidden state entering the critic's first layer L−k, (N, P+T, H): a no-grad
+        forward of the layers below it only (adapters disabled). Only with the critic shortcut."""
+        assert self.critic_shortcut
+        with self.use("reference"):
+            return layer_input(self.lm.get_decoder(), self.critic_start, lambda: self._plain(seq))
 
     def response_logits(self, seq: Sequences, temperature: float) -> Tensor:
         """Logits of the response tokens divided by the temperature: (N, T, V), float32 (float64 for a
@@ -213,10 +276,19 @@ class PolicyStack(nn.Module):
         h = self.hidden(seq)
         return tempered(self.lm.get_output_embeddings()(h), temperature)
 
-    def values(self, seq: Sequences) -> Tensor:
-        """V(s_t) for every response position: value_head(h_t), (N, T). Call under `use('critic')`."""
+    def values(self, seq: Sequences, base: Tensor | None = None) -> Tensor:
+        """V(s_t) for every response position: value_head(h_t), (N, T). Call under `use('critic')`.
+
+        `base` (N, P+T, H): the frozen base's hidden state entering layer L−k (`base_hidden`, or kept
+        from the reference forward); with the critic shortcut only the top k layers run, from it
+        (the critic has no adapter below L−k, so its own hidden state there is the base's)."""
         assert self.value_head is not None
-        return self.value_head(self.hidden(seq).to(self.value_head.weight.dtype)).squeeze(-1)
+        if base is not None and self.critic_shortcut:
+            with from_layer(self.lm.get_decoder(), self.critic_start, base):
+                h = self._plain(seq)[:, seq.prompt_len - 1 : -1]
+        else:
+            h = self.hidden(seq)
+        return self.value_head(h.to(self.value_head.weight.dtype)).squeeze(-1)
 
 
 HALF = (torch.float16, torch.bfloat16)
