@@ -1,15 +1,10 @@
 """A new user's mistakes through the real CLI (quality pass): each is refused with one sentence on
 stderr and a non-zero exit, and nothing the user made is deleted. Real files, a real tiny model,
-real runs; the signal tests run `python -m llmrl` as a subprocess."""
+real runs."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest

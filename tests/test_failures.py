@@ -82,10 +82,15 @@ def test_non_finite_steps_stop_the_run(tiny_model_dir: Path, tmp_path: Path, mon
 
 
 def test_checkpoint_write_failure_is_one_clear_error(tiny_model_dir: Path, tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setitem(TASKS, "flaky", lambda: _task_with(_breaking_after(10**6, None)))
     out = tmp_path / "r"
-    out.mkdir()
-    (out / "checkpoints").write_text("a file where the checkpoint folder should go")
+    score = _breaking_after(10**6, None)
+
+    def reward(prompts, completions, answer):  # once the run folder exists, block its checkpoint folder
+        if not (out / "checkpoints").exists():
+            (out / "checkpoints").write_text("a file where the checkpoint folder should go")
+        return score(prompts, completions, answer)
+
+    monkeypatch.setitem(TASKS, "flaky", lambda: _task_with(reward))
     config = load_config(overrides={"model.name": str(tiny_model_dir), "task": "flaky", "out": str(out), **SMALL},
                          sets=["checkpoint.every=1"])
     with pytest.raises(LLMRLError, match=r"Cannot write checkpoint .*step-000001"):

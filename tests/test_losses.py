@@ -13,7 +13,7 @@ from llmrl.engine.advantages import shape_rewards
 from llmrl.kl_control import KLController
 from llmrl.losses import AGGREGATIONS, aggregate, entropy_from_logits, kl_penalty, policy_loss, value_loss
 
-from .helpers import ATOL, close, m, t
+from .helpers import close, m, t
 
 NAN = math.nan
 

@@ -47,7 +47,7 @@ def _step(in_update: bool):
             p.add_(0.3 * torch.randn_like(p))
     calls = []
     real = stack.values
-    stack.values = lambda seq: calls.append(1) or real(seq)  # type: ignore[method-assign]
+    stack.values = lambda seq, base=None: calls.append(1) or real(seq, base)  # type: ignore[method-assign]
     plan = RolloutPlan(reference=True, critic=not in_update, greedy=False, from_generation=True)
     batch, _ = rollout(stack, build_char_tokenizer(), get_task("arithmetic").train[:8], torch.arange(8),
                        cfg=config.rollout, plan=plan, reward_fn=digit_share, seed=0, step=0)

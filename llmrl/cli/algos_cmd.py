@@ -6,7 +6,7 @@ import difflib
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import typer
