@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -22,7 +23,8 @@ from typing import Any, Callable
 
 import torch
 
-import bench.vs_trl as vs  # noqa: E402  (run from the repository root)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python bench/profile_step.py` from anywhere
+import bench.vs_trl as vs  # noqa: E402
 from llmrl import load_config
 from llmrl.engine import rollout as rollout_mod
 from llmrl.engine import trainer as trainer_mod
