@@ -23,7 +23,8 @@ step is bracketed by torch.cuda.synchronize(), and each child also reports its p
 Contenders: llmrl-grpo-defaults (no performance switch set: what the engine's defaults give, here
 update.on_policy_logprobs=auto → on), llmrl-grpo (update.on_policy_logprobs=off pinned: log π_old
 then comes from the decoding logits, rollout.generation_logprobs), llmrl-grpo-fast (=on), llmrl-rloo-fast,
-trl-grpo, trl-rloo, llmrl-ppo (actor + critic + reference on one base), bound (plain HF generate,
+trl-grpo, trl-rloo, llmrl-ppo (actor + critic + reference on one base), llmrl-ppo-top4 (the same with the
+opt-in lora.critic_layers=4; only when named in --only), trl-ppo, bound (plain HF generate,
 llmrl's own generate, one no-grad forward, one LoRA forward + backward). TRL is optional
 (`pip install -e '.[bench]'`); without it the TRL rows are skipped.
 """
@@ -48,13 +49,17 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 ISSUE_PPO = {"s_per_step": 10.63, "peak_rss_mib": 5.3 * 1024}
 CONTENDERS = ["llmrl-grpo-defaults", "llmrl-grpo", "llmrl-grpo-fast", "trl-grpo", "llmrl-rloo-fast", "trl-rloo",
               "llmrl-ppo", "trl-ppo", "bound"]
+OPTIONAL = ["llmrl-ppo-top4"]  # run only when named in --only
 # llmrl contender → (algorithm, update.on_policy_logprobs); None leaves the key at the engine's default
 LLMRL = {"llmrl-grpo-defaults": ("grpo", None), "llmrl-grpo": ("grpo", False), "llmrl-grpo-fast": ("grpo", True),
-         "llmrl-rloo-fast": ("rloo", True), "llmrl-ppo": ("ppo", False)}
+         "llmrl-rloo-fast": ("rloo", True), "llmrl-ppo": ("ppo", False), "llmrl-ppo-top4": ("ppo", False)}
+# llmrl contender → config keys it sets on top of the issue-8 configuration
+EXTRA = {"llmrl-ppo-top4": {"lora.critic_layers": 4}}  # the opt-in critic on the top 4 layers
 LABELS = {"llmrl-grpo-defaults": "llmrl grpo (defaults)", "llmrl-grpo": "llmrl grpo, on_policy_logprobs=false",
           "llmrl-grpo-fast": "llmrl grpo, on_policy_logprobs=true", "trl-grpo": "TRL GRPOTrainer",
           "llmrl-rloo-fast": "llmrl rloo-style, on_policy_logprobs", "trl-rloo": "TRL RLOOTrainer",
-          "llmrl-ppo": "llmrl ppo (actor+critic+ref)", "trl-ppo": "TRL 1.12 PPOTrainer (bench/trl_ppo.py)",
+          "llmrl-ppo": "llmrl ppo (actor+critic+ref)", "llmrl-ppo-top4": "llmrl ppo, lora.critic_layers=4",
+          "trl-ppo": "TRL 1.12 PPOTrainer (bench/trl_ppo.py)",
           "bound": "floor pieces"}
 DTYPES = ("float32", "bfloat16")
 DEVICES = ("cpu", "cuda")
@@ -159,7 +164,8 @@ def llmrl_run(model: str, name: str, steps: int, dtype: str = "float32", seed: i
     from llmrl.engine.trainer import setup, train_step
 
     algo, on_policy = LLMRL[name]
-    config = load_config(overrides=llmrl_overrides(model, algo, on_policy, dtype=dtype, seed=seed, lr=lr))
+    config = load_config(overrides={**llmrl_overrides(model, algo, on_policy, dtype=dtype, seed=seed, lr=lr),
+                                    **EXTRA.get(name, {})})
     s = setup(config, NullReporter(), overwrite=True)
     seen: dict[str, Any] = dtypes_of(s.stack)
     probe_autocast(s.stack.lm.get_decoder(), seen)  # the update's forward runs the decoder directly
@@ -362,7 +368,7 @@ def child(name: str, model: str, steps: int, dtype: str = "float32", seed: int =
     elif name in LLMRL:
         result = llmrl_run(model, name, steps, dtype, seed, lr)
     else:
-        raise SystemExit(f"unknown contender '{name}'; valid: {', '.join(CONTENDERS)}")
+        raise SystemExit(f"unknown contender '{name}'; valid: {', '.join(CONTENDERS + OPTIONAL)}")
     result.update(peak_rss_mib=vm_hwm_mib(), threads=torch.get_num_threads(), dtype=dtype, seed=seed, device=DEVICE,
                   **gpu_memory_mib())
     return result
@@ -447,9 +453,9 @@ def ratios(table: dict[str, Any]) -> dict[str, Any]:
         if ours in table and theirs in table:
             a, b = table[ours], table[theirs]
             out[f"{ours}/{theirs}"] = pair_ratios(a, b)
-    if "llmrl-ppo" in table and "trl-ppo" in table:
-        a, b = table["llmrl-ppo"], table["trl-ppo"]
-        out["llmrl-ppo/trl-ppo"] = pair_ratios(a, b)
+    for ours in ("llmrl-ppo", "llmrl-ppo-top4"):
+        if ours in table and "trl-ppo" in table:
+            out[f"{ours}/trl-ppo"] = pair_ratios(table[ours], table["trl-ppo"])
     if "llmrl-ppo" in table and "peak_gpu_mib" not in table["llmrl-ppo"]:  # the issue's figures are CPU ones
         out["llmrl-ppo/issue-trl-ppo"] = {k: table["llmrl-ppo"][k] / v for k, v in ISSUE_PPO.items()}
     if "bound" in table:
@@ -492,7 +498,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2, help="repetitions of each contender, alternated")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", choices=DEVICES, default="cpu", help="where every contender runs")
-    ap.add_argument("--only", default=",".join(CONTENDERS), help="comma-separated contenders")
+    ap.add_argument("--only", default=",".join(CONTENDERS),
+                    help=f"comma-separated contenders (default: all but {', '.join(OPTIONAL)})")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per child run")
     ap.add_argument("--dtype", choices=DTYPES, default="float32",
                     help="weights dtype of every contender (llmrl model.dtype, TRL model_init_kwargs dtype, bound)")
