@@ -517,6 +517,9 @@ def main() -> None:
         Path(a.child_out).write_text(json.dumps(result, default=str))
         return
     names = [n for n in a.only.split(",") if n]
+    unknown = [n for n in names if n not in CONTENDERS + OPTIONAL]
+    if unknown:
+        raise SystemExit(f"unknown contender '{unknown[0]}'; valid: {', '.join(CONTENDERS + OPTIONAL)}")
     try:
         import trl  # noqa: F401
     except ImportError:
