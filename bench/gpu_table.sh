@@ -16,6 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
 SHAPE=${SHAPE:-qwen2.5-1.5b} DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-bfloat16}
 STEPS=${STEPS:-4} REPS=${REPS:-2} THREADS=${THREADS:-4} SITE=${SITE:-/tmp/llmrl-site}
 ONLY=${ONLY:-llmrl-grpo-defaults,trl-grpo,llmrl-rloo-fast,trl-rloo,llmrl-ppo,trl-ppo,bound}
