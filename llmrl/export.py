@@ -24,6 +24,7 @@ from transformers.utils import logging as hf_logging
 from .errors import LLMRLError
 from .models.from_run import actor_source, load_actor, merge_actor
 from .models.load import DTYPES
+from .run_folder import MARKER, RUN_PARTS
 
 
 @dataclass(frozen=True)
@@ -38,9 +39,7 @@ class Exported:
 
 
 EXPORT_MARKERS = ("config.json", "adapter_config.json")  # what an earlier export (or any model folder) holds
-RUN_MARKERS = ("config.yaml", "compare.json")  # a run folder, a compare folder
-RUN_PARTS = ("adapters", "checkpoints", "tensorboard", "value_head.safetensors", "config.yaml", "metrics.jsonl",
-             "summary.json", "completions.jsonl", "curves.png")  # what a run folder holds (README)
+RUN_MARKERS = (MARKER, "compare.json")  # a run folder, a compare folder
 
 
 def check_out(out: Path, overwrite: bool, run_dir: Path | None = None) -> None:

@@ -22,6 +22,8 @@ from .errors import LLMRLError, RunFailed
 from .models.stack import PolicyStack
 
 MARKER = "config.yaml"
+RUN_PARTS = ("adapters", "checkpoints", "tensorboard", "value_head.safetensors", MARKER, "metrics.jsonl",
+             "summary.json", "completions.jsonl", "curves.png")  # every entry a run folder can hold (README)
 
 
 def atomic_write(path: Path, data: str | bytes) -> None:

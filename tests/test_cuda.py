@@ -283,20 +283,21 @@ def test_two_processes_on_one_gpu_is_one_sentence(tiny_model_dir: Path, tmp_path
 
 def test_a_cpu_run_on_a_gpu_machine_shards_its_base_on_the_cpu(tiny_model_dir: Path, tmp_path: Path) -> None:
     """FSDP's default mesh is the machine's accelerator; a gloo run must keep its shards on the CPU."""
-    settings = {**COMMON, **CASES["ppo-sharded"], "model.device": "cpu"}
-    proc = _launch("nproc", tiny_model_dir, tmp_path / "two", "dist_digits", 2, {**settings, "dist.shard_base": True})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    _single(tiny_model_dir, tmp_path / "one", "dist_digits", 2, settings)
-    _close_rows(_rows(tmp_path / "two"), _rows(tmp_path / "one"), rel=1e-4, abs_=1e-5)
-    _close_adapters(tmp_path / "two", tmp_path / "one", ["actor", "critic"], atol=1e-5)
+    _two_processes_equal_one(tiny_model_dir, tmp_path, {**COMMON, **CASES["ppo-sharded"], "model.device": "cpu"},
+                             steps=2, sharded=True)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 @pytest.mark.parametrize("sharded", [False, True], ids=["nccl", "nccl-sharded"])
 def test_two_gpu_processes_equal_one(tiny_model_dir: Path, tmp_path: Path, sharded: bool) -> None:
-    settings = {**COMMON, **CASES["ppo"], "model.device": "cuda"}
-    proc = _launch("nproc", tiny_model_dir, tmp_path / "two", "dist_digits", 3, {**settings, "dist.shard_base": sharded})
+    _two_processes_equal_one(tiny_model_dir, tmp_path, {**COMMON, **CASES["ppo"], "model.device": "cuda"},
+                             steps=3, sharded=sharded)
+
+
+def _two_processes_equal_one(model: Path, tmp_path: Path, settings: dict, steps: int, sharded: bool) -> None:
+    """A 2-process run (launched by --nproc) logs the rows and saves the adapters of one process."""
+    proc = _launch("nproc", model, tmp_path / "two", "dist_digits", steps, {**settings, "dist.shard_base": sharded})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    _single(tiny_model_dir, tmp_path / "one", "dist_digits", 3, settings)
+    _single(model, tmp_path / "one", "dist_digits", steps, settings)
     _close_rows(_rows(tmp_path / "two"), _rows(tmp_path / "one"), rel=1e-4, abs_=1e-5)
     _close_adapters(tmp_path / "two", tmp_path / "one", ["actor", "critic"], atol=1e-5)
