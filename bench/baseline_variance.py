@@ -22,8 +22,8 @@ import argparse
 import torch
 
 from llmrl.config import load_config
-from llmrl.engine.rollout import decode, encode_prompts
-from llmrl.engine.sampling import generate
+from llmrl.step.forward import decode, encode_prompts
+from llmrl.engines.hf import generate
 from llmrl.models.load import load_base
 from llmrl.models.stack import PolicyStack
 from llmrl.tasks import get_task

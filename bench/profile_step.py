@@ -28,7 +28,7 @@ import bench.vs_trl as vs  # noqa: E402
 from llmrl import load_config
 from llmrl.engine import rollout as rollout_mod
 from llmrl.engine import trainer as trainer_mod
-from llmrl.engine.reporting import NullReporter
+from llmrl.run.reporting import NullReporter
 
 
 def wrap(module: Any, name: str, label: Callable[..., str], sink: dict[str, float]) -> None:
@@ -71,7 +71,7 @@ def main() -> None:
     wrap(trainer_mod, "update", lambda *a, **k: "update (forward + backward + AdamW)", current)
     wrap(trainer_mod, "estimate", lambda *a, **k: "advantages", current)
 
-    from llmrl.engine.trainer import setup, train_step
+    from llmrl.run.loop import setup, train_step
 
     import tempfile
 

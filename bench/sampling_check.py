@@ -33,10 +33,10 @@ def main() -> None:
     ap.add_argument("--dtype", choices=vs.DTYPES, default="float32")
     a = ap.parse_args()
     from llmrl import load_config
-    from llmrl.engine.reporting import NullReporter
-    from llmrl.engine.rollout import encode_prompts
-    from llmrl.engine.sampling import generate, row_uniforms
-    from llmrl.engine.trainer import setup
+    from llmrl.run.reporting import NullReporter
+    from llmrl.step.forward import encode_prompts
+    from llmrl.engines.hf import generate, row_uniforms
+    from llmrl.run.loop import setup
 
     torch.set_num_threads(1)
     vs.THREADS = 1

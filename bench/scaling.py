@@ -32,10 +32,10 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import llmrl.engine.rollout as rollout_mod
-import llmrl.engine.trainer as trainer_mod
+import llmrl.step.forward as rollout_mod
+import llmrl.run.loop as trainer_mod
 from llmrl import load_config
-from llmrl.engine.reporting import NullReporter
+from llmrl.run.reporting import NullReporter
 from llmrl.models.tokenizer import build_char_tokenizer
 
 SIZES = {  # name: (hidden, layers, intermediate)

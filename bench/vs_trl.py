@@ -121,7 +121,7 @@ def prompt_stream(steps: int, seed: int = SEED) -> list[dict[str, Any]]:
     """The chat_sum train rows llmrl's GRPO/RLOO run with `seed` reads in its first `steps` steps
     (PROMPTS per step), in that order: TRL is given exactly these, unshuffled, so both see the same
     prompts at the same step."""
-    from llmrl.engine.data import PromptSampler
+    from llmrl.run.data import PromptSampler
     from llmrl.tasks import get_task
 
     train = get_task("chat_sum").train
@@ -160,8 +160,8 @@ def llmrl_run(model: str, name: str, steps: int, dtype: str = "float32", seed: i
     from dataclasses import asdict
 
     from llmrl import load_config
-    from llmrl.engine.reporting import NullReporter
-    from llmrl.engine.trainer import setup, train_step
+    from llmrl.run.reporting import NullReporter
+    from llmrl.run.loop import setup, train_step
 
     algo, on_policy = LLMRL[name]
     config = load_config(overrides={**llmrl_overrides(model, algo, on_policy, dtype=dtype, seed=seed, lr=lr),
@@ -283,10 +283,10 @@ def bound_run(model: str, reps: int, dtype: str = "float32") -> dict[str, Any]:
     import torch
 
     from llmrl import load_config
-    from llmrl.engine.reporting import NullReporter
-    from llmrl.engine.rollout import RolloutPlan, encode_prompts, masked_logprobs, rollout
-    from llmrl.engine.sampling import generate, row_uniforms
-    from llmrl.engine.trainer import setup
+    from llmrl.run.reporting import NullReporter
+    from llmrl.step.forward import RolloutPlan, encode_prompts, masked_logprobs, rollout
+    from llmrl.engines.hf import generate, row_uniforms
+    from llmrl.run.loop import setup
     from llmrl.models.stack import layout, token_logprobs
 
     config = load_config(overrides=llmrl_overrides(model, "grpo", False, dtype=dtype,

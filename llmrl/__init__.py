@@ -6,9 +6,9 @@
 """
 
 from .config import Config, load_config
-from .engine.trainer import train
+from .run.loop import train
 from .errors import LLMRLError
-from .run_folder import Run, read_run
+from .run.folder import Run, read_run
 
 __all__ = ["Config", "LLMRLError", "Run", "load_config", "read_run", "train"]
 __version__ = "0.1.0"

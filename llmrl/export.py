@@ -22,9 +22,9 @@ from transformers import PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from .errors import LLMRLError
-from .models.from_run import actor_source, load_actor, merge_actor
+from .run.actor import actor_source, load_actor, merge_actor
 from .models.load import DTYPES
-from .run_folder import MARKER, RUN_PARTS
+from .run.folder import MARKER, RUN_PARTS
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from .config import Config, load_config
-from .engine.evaluate import evaluate, evaluate_sampled
-from .models.from_run import load_actor
+from .run.evaluate import evaluate, evaluate_sampled
+from .run.actor import load_actor
 from .models.load import load_base
 from .models.stack import PolicyStack
-from .run_folder import MARKER
+from .run.folder import MARKER
 from .tasks import Task, task_from_config
 
 

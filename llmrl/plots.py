@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from .errors import ConfigError
-from .run_folder import Run
+from .run.folder import Run
 
 FORMATS = (".png", ".svg", ".pdf")
 

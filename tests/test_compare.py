@@ -16,10 +16,10 @@ from llmrl.cli import app
 from llmrl.compare import build_plan
 from llmrl.compare.aggregate import check_prompts
 from llmrl.engine import update as update_mod
-from llmrl.engine.data import PromptSampler, stream_digest
-from llmrl.engine.grad_stats import GradMoments
-from llmrl.engine.reporting import NullReporter
-from llmrl.engine.trainer import setup, train_step
+from llmrl.run.data import PromptSampler, stream_digest
+from llmrl.step.grad_stats import GradMoments
+from llmrl.run.reporting import NullReporter
+from llmrl.run.loop import setup, train_step
 from llmrl.tasks import TASKS, Task, get_task
 from tests.helpers import digit_share, digits_task as make_digits_task
 

@@ -21,14 +21,14 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 import tests.dist_plugin  # noqa: F401  (registers the dist_digits task: a dense reward for a random model)
 from llmrl import load_config, read_run, train
-from llmrl.checkpoint import trainable_state
+from llmrl.run.checkpoint import trainable_state
 from llmrl.config.load import on_policy_values
 from llmrl.config.schema import LoraConfig
-from llmrl.engine.advantages import estimate, shape_rewards
-from llmrl.engine.rollout import RolloutPlan, rollout
-from llmrl.engine.trainer import resolve_estimator
-from llmrl.engine.update import Targets, critic_forward, make_optimizers, update
-from llmrl.distributed import SINGLE
+from llmrl.step.estimate import estimate, shape_rewards
+from llmrl.step.forward import RolloutPlan, rollout
+from llmrl.run.loop import resolve_estimator
+from llmrl.step.update import Targets, critic_forward, make_optimizers, update
+from llmrl.parallel.distributed import SINGLE
 from llmrl.errors import ConfigError
 from llmrl.models.stack import PolicyStack, layout
 from llmrl.models.tokenizer import build_char_tokenizer
@@ -161,7 +161,7 @@ def test_refusals() -> None:
     with pytest.raises(ConfigError, match="embedding in 'lora.modules_to_save'"):
         PolicyStack(_llama(), LoraConfig(critic_layers=2, modules_to_save=["embed_tokens"]), with_critic=True)
     with pytest.raises(ConfigError, match="'dist.shard_base' does not support"):
-        from llmrl.fsdp import shard_base
+        from llmrl.parallel.fsdp import shard_base
 
         shard_base(_stack("llama", 2), SINGLE)
     # algorithms without a critic ignore it

@@ -35,12 +35,12 @@ from typer.testing import CliRunner
 
 import tests.dist_plugin  # noqa: F401  (registers dist_digits for the in-process runs)
 from llmrl import load_config, read_run, train
-from llmrl.checkpoint import list_checkpoints
+from llmrl.run.checkpoint import list_checkpoints
 from llmrl.cli import app
 from llmrl.engine import trainer as trainer_mod
-from llmrl.memory import peak_device_mib
+from llmrl.run.memory import peak_device_mib
 from llmrl.model_eval import eval_model
-from llmrl.models.from_run import load_actor
+from llmrl.run.actor import load_actor
 from llmrl.models.tokenizer import build_char_tokenizer
 from llmrl.tasks import TASKS
 from tests.helpers import digits_task

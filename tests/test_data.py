@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 from llmrl import load_config
 from llmrl.cli import app
 from llmrl.config.schema import DataConfig
-from llmrl.engine.reporting import NullReporter
-from llmrl.engine.rollout import encode_prompts
-from llmrl.engine.trainer import setup, train_step
+from llmrl.run.reporting import NullReporter
+from llmrl.step.forward import encode_prompts
+from llmrl.run.loop import setup, train_step
 from llmrl.errors import ConfigError
 from llmrl.models.prompts import apply_chat_setting, render_prompts
 from llmrl.models.tokenizer import build_char_tokenizer

@@ -16,11 +16,11 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from llmrl import load_config, read_run, train
-from llmrl.checkpoint import list_checkpoints
+from llmrl.run.checkpoint import list_checkpoints
 from llmrl.cli import app
-from llmrl.distributed import init
+from llmrl.parallel.distributed import init
 from llmrl.errors import ConfigError
-from llmrl.memory import peak_device_mib
+from llmrl.run.memory import peak_device_mib
 from llmrl.tasks import TASKS
 from tests.helpers import digits_task
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from llmrl.checkpoint import describe, list_checkpoints
+from llmrl.run.checkpoint import describe, list_checkpoints
 
 ARGS = ["--set", "rollout.prompts_per_step=8", "--set", "update.minibatch_size=8", "--set", "eval.size=8",
         "--set", "eval.every=0", "--set", "checkpoint.every=1", "--set", "checkpoint.keep=5"]

@@ -18,11 +18,11 @@ from safetensors.torch import load_file
 
 import tests.dist_plugin  # noqa: F401  (registers dist_digits and dist_dying here too)
 from llmrl import load_config, read_run, train
-from llmrl.checkpoint import list_checkpoints
+from llmrl.run.checkpoint import list_checkpoints
 from llmrl.config.load import on_policy_update
-from llmrl.distributed import DistContext
-from llmrl.engine.reporting import NullReporter
-from llmrl.engine.trainer import setup
+from llmrl.parallel.distributed import DistContext
+from llmrl.run.reporting import NullReporter
+from llmrl.run.loop import setup
 from llmrl.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent

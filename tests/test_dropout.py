@@ -18,19 +18,19 @@ from safetensors.torch import load_file
 from torch import nn
 
 from llmrl import load_config, train
-from llmrl.batch import RolloutBatch
-from llmrl.checkpoint import trainable_state
+from llmrl.step.records import RolloutBatch
+from llmrl.run.checkpoint import trainable_state
 from llmrl.config.schema import KLConfig, LoraConfig, RolloutConfig, UpdateConfig
-from llmrl.engine.evaluate import evaluate
-from llmrl.engine.rollout import RolloutPlan, masked_logprobs, masked_values, rollout
-from llmrl.engine.sampling import generate, row_uniforms
-from llmrl.engine.update import Targets, _actor_loss, critic_forward, make_optimizers, update
+from llmrl.run.evaluate import evaluate
+from llmrl.step.forward import RolloutPlan, masked_logprobs, masked_values, rollout
+from llmrl.engines.hf import generate, row_uniforms
+from llmrl.step.update import Targets, _actor_loss, critic_forward, make_optimizers, update
 from llmrl.models.stack import PolicyStack
 from llmrl.models.tokenizer import build_char_tokenizer
 from llmrl.tasks import TASKS, get_task
 
-from .conftest import make_tiny_model
-from .helpers import digit_share, digits_task
+from tests.conftest import make_tiny_model
+from tests.helpers import digit_share, digits_task
 
 TOK = build_char_tokenizer()
 ROWS = get_task("arithmetic").eval[:16]

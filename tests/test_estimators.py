@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from llmrl.errors import ConfigError
 from llmrl.estimators import ESTIMATORS, EstimatorInput, EstimatorOutput, get_estimator, register
 
-from .helpers import ATOL, close, m, t
+from tests.helpers import ATOL, close, m, t
 
 ALL = sorted(ESTIMATORS)
 # Sequence-level, critic-free estimators: one advantage per response (reinforce's G_t varies along t).

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from llmrl import load_config, read_run, train
 from llmrl.cli import app
-from llmrl.engine.evaluate import pass_at_k
+from llmrl.run.evaluate import pass_at_k
 from llmrl.model_eval import eval_model
 from llmrl.tasks import TASKS, Task, get_task
 from tests.helpers import digits_task as make_digits_task

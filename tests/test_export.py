@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from llmrl import load_config, train
 from llmrl.cli import app
 from llmrl.export import export_run
-from llmrl.models.from_run import load_actor
+from llmrl.run.actor import load_actor
 from llmrl.tasks import TASKS, Task, get_task
 from tests.helpers import digit_share as _digit_share
 

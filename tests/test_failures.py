@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from llmrl import load_config, read_run, train
-from llmrl.checkpoint import list_checkpoints
+from llmrl.run.checkpoint import list_checkpoints
 from llmrl.errors import LLMRLError, RunFailed
 from llmrl.tasks import TASKS, Task, get_task
 
@@ -63,7 +63,7 @@ def test_reward_failure_checkpoints_then_stops(tiny_model_dir: Path, tmp_path: P
 
 
 def test_non_finite_steps_stop_the_run(tiny_model_dir: Path, tmp_path: Path, monkeypatch) -> None:
-    import llmrl.engine.update as update_mod
+    import llmrl.step.update as update_mod
 
     real = update_mod.policy_loss
 

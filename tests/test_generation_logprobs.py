@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmrl.batch import RolloutBatch
+from llmrl.step.records import RolloutBatch
 from llmrl.config.schema import RolloutConfig
 from llmrl.engine import rollout as rollout_mod
-from llmrl.engine.rollout import RolloutPlan, generation_logprobs, masked_logprobs, rollout
-from llmrl.engine.sampling import generate, row_uniforms
+from llmrl.step.forward import RolloutPlan, generation_logprobs, masked_logprobs, rollout
+from llmrl.engines.hf import generate, row_uniforms
 from llmrl.models.tokenizer import build_char_tokenizer
 from llmrl.tasks import get_task
 
-from .helpers import digit_share
-from .test_prefix import G, _batch, _stack
+from tests.helpers import digit_share
+from tests.test_prefix import G, _batch, _stack
 
 
 @pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-12), (torch.float32, 2e-6)])

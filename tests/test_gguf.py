@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from llmrl.cli import app
 from llmrl.config.schema import ModelConfig
-from llmrl.models.from_run import load_actor
+from llmrl.run.actor import load_actor
 from llmrl.models.load import load_base
 from llmrl.models.tokenizer import build_char_tokenizer
 from tests.conftest import make_tiny_model

@@ -18,12 +18,12 @@ from transformers import AutoModelForCausalLM
 from llmrl import load_config, train
 from llmrl.config.schema import LoraConfig
 from llmrl.export import export_run
-from llmrl.models.from_run import load_actor, merge_actor
+from llmrl.run.actor import load_actor, merge_actor
 from llmrl.models.stack import PolicyStack, layout, token_logprobs
 from llmrl.tasks import TASKS
 
-from .conftest import make_tiny_model
-from .helpers import digits_task
+from tests.conftest import make_tiny_model
+from tests.helpers import digits_task
 
 NORMS = ["input_layernorm", "post_attention_layernorm", "model.norm"]
 

@@ -12,7 +12,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from typer.testing import CliRunner
 
 from llmrl.cli import app
-from llmrl.run_folder import RunFolder
+from llmrl.run.folder import RunFolder
 from llmrl.tasks import TASKS, Task, get_task
 from tests.helpers import digit_share as _digit_share
 

@@ -7,13 +7,13 @@ import math
 import pytest
 import torch
 
-from llmrl.batch import RolloutBatch
+from llmrl.step.records import RolloutBatch
 from llmrl.config.schema import KLConfig
-from llmrl.engine.advantages import shape_rewards
+from llmrl.step.estimate import shape_rewards
 from llmrl.kl_control import KLController
 from llmrl.losses import AGGREGATIONS, aggregate, entropy_from_logits, kl_penalty, policy_loss, value_loss
 
-from .helpers import close, m, t
+from tests.helpers import close, m, t
 
 NAN = math.nan
 

@@ -18,11 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmrl import load_config
-from llmrl.checkpoint import trainable_state
-from llmrl.engine.advantages import estimate, shape_rewards
-from llmrl.engine.rollout import RolloutPlan, rollout
-from llmrl.engine.trainer import resolve_estimator
-from llmrl.engine.update import Targets, make_optimizers, update
+from llmrl.run.checkpoint import trainable_state
+from llmrl.step.estimate import estimate, shape_rewards
+from llmrl.step.forward import RolloutPlan, rollout
+from llmrl.run.loop import resolve_estimator
+from llmrl.step.update import Targets, make_optimizers, update
 from llmrl.models.stack import PolicyStack
 from llmrl.models.tokenizer import build_char_tokenizer
 from llmrl.tasks import get_task

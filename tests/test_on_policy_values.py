@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from llmrl import load_config
-from llmrl.checkpoint import trainable_state
+from llmrl.run.checkpoint import trainable_state
 from llmrl.config.load import on_policy_values
-from llmrl.engine.advantages import estimate, shape_rewards
-from llmrl.engine.rollout import RolloutPlan, rollout
-from llmrl.engine.trainer import resolve_estimator
-from llmrl.engine.update import Targets, critic_forward, make_optimizers, update
+from llmrl.step.estimate import estimate, shape_rewards
+from llmrl.step.forward import RolloutPlan, rollout
+from llmrl.run.loop import resolve_estimator
+from llmrl.step.update import Targets, critic_forward, make_optimizers, update
 from llmrl.errors import ConfigError
 from llmrl.models.stack import PolicyStack
 from llmrl.models.tokenizer import build_char_tokenizer

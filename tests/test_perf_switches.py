@@ -21,13 +21,13 @@ import torch
 import tests.dist_plugin  # noqa: F401  (registers the dist_digits task: a dense reward for a random model)
 from llmrl import load_config, read_run, train
 from llmrl.algos import ALGOS
-from llmrl.checkpoint import trainable_state
+from llmrl.run.checkpoint import trainable_state
 from llmrl.config.load import exactly_on_policy, on_policy_update
 from llmrl.engine import rollout as rollout_mod
-from llmrl.engine.advantages import estimate, sequence_kl, shape_rewards
-from llmrl.engine.rollout import RolloutPlan, rollout
-from llmrl.engine.trainer import resolve_estimator
-from llmrl.engine.update import Targets, make_optimizers, update
+from llmrl.step.estimate import estimate, sequence_kl, shape_rewards
+from llmrl.step.forward import RolloutPlan, rollout
+from llmrl.run.loop import resolve_estimator
+from llmrl.step.update import Targets, make_optimizers, update
 from llmrl.errors import ConfigError
 from llmrl.models.stack import PolicyStack
 from llmrl.models.tokenizer import build_char_tokenizer

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from llmrl.cli import app
 from llmrl.plots import accuracy_points, smooth, wall_clock
-from llmrl.run_folder import Run
+from llmrl.run.folder import Run
 
 PNG = b"\x89PNG\r\n\x1a\n"
 SMALL = ["--set", "rollout.prompts_per_step=4", "--set", "update.minibatch_size=4", "--set", "eval.size=8",

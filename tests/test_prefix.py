@@ -5,13 +5,13 @@ from __future__ import annotations
 import torch
 
 from llmrl.config.schema import LoraConfig
-from llmrl.engine.rollout import encode_prompts
-from llmrl.engine.sampling import generate, row_uniforms
+from llmrl.step.forward import encode_prompts
+from llmrl.engines.hf import generate, row_uniforms
 from llmrl.models.prefix import distinct_prompts
 from llmrl.models.stack import PolicyStack, layout, token_logprobs
 from llmrl.models.tokenizer import build_char_tokenizer
 
-from .conftest import make_tiny_model
+from tests.conftest import make_tiny_model
 
 PROMPTS = ["37+85=", "1+2="]  # different lengths: the short one is left-padded
 G = 4

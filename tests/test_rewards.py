@@ -15,9 +15,9 @@ from transformers import AutoModelForSequenceClassification, LlamaConfig, LlamaF
 from typer.testing import CliRunner
 
 from llmrl import load_config
-from llmrl.checkpoint import list_checkpoints
+from llmrl.run.checkpoint import list_checkpoints
 from llmrl.cli import app
-from llmrl.engine.rewards import RewardFailed, score, score_parts
+from llmrl.step.score import RewardFailed, score, score_parts
 from llmrl.errors import ConfigError
 from llmrl.models.tokenizer import build_char_tokenizer
 from llmrl.rewards import build_reward

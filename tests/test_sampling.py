@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 
 from llmrl.config.schema import LoraConfig
-from llmrl.engine.rollout import encode_prompts
-from llmrl.engine.sampling import generate, pick_tokens, row_uniforms
+from llmrl.step.forward import encode_prompts
+from llmrl.engines.hf import generate, pick_tokens, row_uniforms
 from llmrl.models.stack import PolicyStack, layout, token_logprobs
 from llmrl.models.tokenizer import build_char_tokenizer
 
-from .conftest import make_tiny_model
+from tests.conftest import make_tiny_model
 
 
 def test_inverse_cdf_picks_the_token_whose_interval_holds_u() -> None:

@@ -8,10 +8,10 @@ import torch
 
 from llmrl.config.schema import LoraConfig, UpdateConfig
 from llmrl.models.stack import PolicyStack, layout, token_logprobs
-from llmrl.engine.update import make_optimizers
-from llmrl.memory import role_costs
+from llmrl.step.update import make_optimizers
+from llmrl.run.memory import role_costs
 
-from .conftest import make_tiny_model
+from tests.conftest import make_tiny_model
 
 
 def _batch():

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from llmrl import load_config, read_run
 from llmrl.cli import app
-from llmrl.engine.reporting import NullReporter
-from llmrl.engine.trainer import setup, train_step
+from llmrl.run.reporting import NullReporter
+from llmrl.run.loop import setup, train_step
 from llmrl.tasks import TASKS
 from tests.helpers import digits_task as make_digits_task
 

@@ -12,9 +12,9 @@ from rich.table import Table
 from ..compare.plan import Plan, RunSpec
 from ..compare.report import COST, OUTCOME, VARIANCE, cell, columns, prompt_verdict
 from ..config import Config
-from ..engine.evaluate import EvalResult
-from ..memory import RoleCost
-from ..run_folder import read_run
+from ..run.evaluate import EvalResult
+from ..run.memory import RoleCost
+from ..run.folder import read_run
 
 
 def differences_table(plan: Plan) -> Table:

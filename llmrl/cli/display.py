@@ -11,8 +11,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..config import Config
-from ..engine.evaluate import EvalResult
-from ..memory import RoleCost
+from ..run.evaluate import EvalResult
+from ..run.memory import RoleCost
 
 
 def _mib(n: int) -> str:

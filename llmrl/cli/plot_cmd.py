@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from ..errors import ConfigError
-from ..run_folder import Run, read_run
+from ..run.folder import Run, read_run
 from .errors import friendly
 
 

@@ -8,10 +8,10 @@ from typing import Optional
 
 import typer
 
-from ..checkpoint import newest_step
+from ..run.checkpoint import newest_step
 from ..config import load_config
 from ..errors import ConfigError
-from ..engine.trainer import train as run_training
+from ..run.loop import train as run_training
 from .display import RichReporter
 from .errors import friendly
 from .launch import forwarded_args, launch

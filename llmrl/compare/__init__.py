@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from ..engine.reporting import Reporter
+from ..run.reporting import Reporter
 from .plan import Plan, RunSpec, build_plan, parse_algos, parse_seeds
 from .report import summarize, write
 from .runner import prepare, run_plan

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
-from ..run_folder import Run
+from ..run.folder import Run
 from .plan import Plan
 
 COLUMNS = ("acc_before", "acc_after", "reward_final", "reward_auc", "kl", "response_len", "sec_per_step",

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from ..run_folder import Run, atomic_write
+from ..run.folder import Run, atomic_write
 from .aggregate import by_algo, check_prompts, run_metrics
 from .plan import Plan
 

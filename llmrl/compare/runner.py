@@ -19,12 +19,12 @@ from typing import Any, Callable
 
 import torch
 
-from ..checkpoint import list_checkpoints
-from ..engine.reporting import Reporter
-from ..engine.trainer import train
+from ..run.checkpoint import list_checkpoints
+from ..run.reporting import Reporter
+from ..run.loop import train
 from ..errors import LLMRLError
-from ..memory import reset_peak_memory
-from ..run_folder import Run, atomic_write, read_run
+from ..run.memory import reset_peak_memory
+from ..run.folder import Run, atomic_write, read_run
 from .plan import Plan, RunSpec
 
 PLAN_FILE = "compare.json"

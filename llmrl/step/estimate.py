@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..batch import RolloutBatch
+from .records import RolloutBatch
 from ..config.schema import EstimatorConfig, KLConfig
-from ..distributed import SINGLE, DistContext
+from ..parallel.distributed import SINGLE, DistContext
 from ..estimators import EstimatorInput, EstimatorOutput, EstimatorSpec
 from ..losses import kl_penalty
 from ..ops import last_token_index, masked_sum, whiten

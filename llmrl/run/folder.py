@@ -17,9 +17,9 @@ from typing import Any
 import yaml
 from safetensors.torch import save_file
 
-from .config import Config, to_tree
-from .errors import LLMRLError, RunFailed
-from .models.stack import PolicyStack
+from ..config import Config, to_tree
+from ..errors import LLMRLError, RunFailed
+from ..models.stack import PolicyStack
 
 MARKER = "config.yaml"
 RUN_PARTS = ("adapters", "checkpoints", "tensorboard", "value_head.safetensors", MARKER, "metrics.jsonl",

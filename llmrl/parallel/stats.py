@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..batch import RolloutBatch
-from ..distributed import DistContext
+from ..step.records import RolloutBatch
+from .distributed import DistContext
 from ..estimators import EstimatorOutput
 from ..ops import masked_sum
-from .advantages import token_kl
+from ..step.estimate import token_kl
 
 
 def global_kl(dist: DistContext, batch: RolloutBatch) -> float | None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .models.stack import PolicyStack
+from ..models.stack import PolicyStack
 
 ADAMW_STATES = 2  # exp_avg and exp_avg_sq, one float32 each per trainable parameter
 

@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 
-from .errors import LLMRLError, RunFailed
+from ..errors import LLMRLError, RunFailed
 
 PATTERN = re.compile(r"^step-(\d{6,})$")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..config import Config
-from ..memory import RoleCost
+from .memory import RoleCost
 from .evaluate import EvalResult
 
 

@@ -10,9 +10,9 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from ..models.stack import PolicyStack
-from .rewards import score
-from .rollout import decode, encode_prompts
-from .sampling import generate, row_uniforms
+from ..step.score import score
+from ..step.forward import decode, encode_prompts
+from ..engines.hf import generate, row_uniforms
 
 
 @dataclass(frozen=True)

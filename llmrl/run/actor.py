@@ -16,12 +16,12 @@ from peft import set_peft_model_state_dict
 from safetensors.torch import load_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..checkpoint import list_checkpoints
+from .checkpoint import list_checkpoints
 from ..config import Config, load_config
 from ..errors import LLMRLError
-from ..run_folder import MARKER
-from .load import load_base
-from .stack import PolicyStack
+from .folder import MARKER
+from ..models.load import load_base
+from ..models.stack import PolicyStack
 
 ADAPTER_FILE = "adapter_model.safetensors"
 

@@ -22,8 +22,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from .distributed import DistContext
-from .errors import ConfigError
-from .models.stack import PolicyStack
+from ..errors import ConfigError
+from ..models.stack import PolicyStack
 
 
 def shard_base(stack: PolicyStack, dist: DistContext) -> DistContext:
@@ -35,7 +35,7 @@ def shard_base(stack: PolicyStack, dist: DistContext) -> DistContext:
     if not dist.active:
         raise ConfigError("'dist.shard_base' shards the base over the processes of a torchrun run; "
                           "launch with --nproc N (N ≥ 2) or torchrun, or leave it off.")
-    from .engine import sampling
+    from ..engine import sampling
 
     trainable = {p for role in stack.trainable_roles() for p in stack.parameters_of(role)}
     # the mesh on the run's device: FSDP's default is the machine's accelerator, which would move a

@@ -13,12 +13,12 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
-from ..batch import RolloutBatch
+from .records import RolloutBatch
 from ..config.schema import RolloutConfig
 from ..models.prompts import Prompt, tokenize_prompts
 from ..models.stack import PolicyStack, at_least_float32, layout, token_logprobs
-from .rewards import score, score_parts
-from .sampling import generate, row_uniforms
+from .score import score, score_parts
+from ..engines.hf import generate, row_uniforms
 
 
 @dataclass(frozen=True)

@@ -27,13 +27,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..batch import RolloutBatch
+from .records import RolloutBatch
 from ..config.schema import KLConfig, UpdateConfig
 from ..losses import aggregate, entropy_from_logprobs, kl_penalty, policy_loss, value_loss
-from ..distributed import SINGLE, DistContext
+from ..parallel.distributed import SINGLE, DistContext
 from ..models.stack import PolicyStack, layout
 from .grad_stats import GradMoments
-from .rollout import critic_values
+from .forward import critic_values
 
 
 @dataclass

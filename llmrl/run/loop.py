@@ -30,27 +30,27 @@ from transformers import PreTrainedTokenizerBase
 
 from ..config import Config
 from ..config.load import on_policy_update, on_policy_values
-from ..distributed import SINGLE, DistContext, distributed
-from ..checkpoint import list_checkpoints, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from ..parallel.distributed import SINGLE, DistContext, distributed
+from .checkpoint import list_checkpoints, load_checkpoint, restore_rng, rng_state, save_checkpoint
 from ..errors import ConfigError, LLMRLError, RunFailed
 from ..estimators import EstimatorSpec, get_estimator, import_user_module
 from ..kl_control import KLController
-from ..memory import peak_device_mib, peak_rss_mib, role_costs
+from .memory import peak_device_mib, peak_rss_mib, role_costs
 from ..models.load import load_base
 from ..models.prompts import apply_chat_setting, tokenize_prompts
 from ..models.stack import PolicyStack
-from ..run_folder import ReaderFolder, RunFolder, read_run, Run
+from .folder import ReaderFolder, RunFolder, read_run, Run
 from ..tasks import Task, task_from_config
-from .advantages import estimate, sequence_kl, shape_rewards
+from ..step.estimate import estimate, sequence_kl, shape_rewards
 from .completions import due, sample_rows
 from .data import PromptSampler, stream_digest
-from .dist_stats import global_kl, global_row
+from ..parallel.stats import global_kl, global_row
 from .evaluate import EvalResult, evaluate
 from .reporting import NullReporter, Reporter
-from .rollout import RolloutPlan, generation_logprobs, rollout
+from ..step.forward import RolloutPlan, generation_logprobs, rollout
 from .signals import graceful_stop
 from .trackers import Trackers, check_available, open_trackers
-from .update import Targets, critic_forward, make_optimizers, update
+from ..step.update import Targets, critic_forward, make_optimizers, update
 
 
 @dataclass
@@ -110,7 +110,7 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
     stack = PolicyStack(base, config.lora, with_critic=spec.needs.critic, share_prompts=config.model.share_prompts)
     dist.broadcast_parameters([p for role in stack.trainable_roles() for p in stack.parameters_of(role)])
     if config.dist.shard_base:
-        from ..fsdp import shard_base  # late: only runs that ask for it
+        from ..parallel.fsdp import shard_base  # late: only runs that ask for it
 
         dist = shard_base(stack, dist)
     check_context(task, tokenizer, base.config, config.rollout.max_new_tokens)

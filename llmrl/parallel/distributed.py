@@ -38,8 +38,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .errors import ConfigError, LLMRLError, RunFailed
-from .ops import masked_sum, whiten as local_whiten
+from ..errors import ConfigError, LLMRLError, RunFailed
+from ..ops import masked_sum, whiten as local_whiten
 
 T = TypeVar("T")
 
@@ -276,7 +276,7 @@ def init(device: str, timeout_s: float) -> DistContext:
 
 def shutdown(ctx: DistContext) -> None:
     """Leave the process group; decoding is no longer kept in step with other ranks (fsdp.py)."""
-    from .engine import sampling  # late: sampling imports the model stack
+    from ..engine import sampling  # late: sampling imports the model stack
 
     sampling.LOCKSTEP = None
     if ctx.active and dist.is_initialized():

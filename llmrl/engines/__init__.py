@@ -1,0 +1,1 @@
+"""Generation engines: prompts in, sampled token ids (and behaviour log-probs) out."""

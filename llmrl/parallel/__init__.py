@@ -1,0 +1,1 @@
+"""Several processes: torch.distributed collectives (distributed.py), FSDP2 sharding (fsdp.py)."""

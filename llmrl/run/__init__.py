@@ -1,0 +1,1 @@
+"""A run: session setup, the loop, its folder, checkpoints, metrics, summary and evaluation."""
