@@ -22,7 +22,7 @@ import argparse
 import torch
 
 from llmrl.config import load_config
-from llmrl.step.forward import decode, encode_prompts
+from llmrl.step.generate import decode, encode_prompts
 from llmrl.engines.hf import generate
 from llmrl.models.load import load_base
 from llmrl.models.stack import PolicyStack

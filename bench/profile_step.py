@@ -1,8 +1,8 @@
-"""Where an llmrl GRPO step spends its time: wall-clock timers around the pieces of `train_step`.
+"""Where an llmrl GRPO step spends its time: the phase timings every metrics row carries.
 
-The engine is not changed: the timers wrap the module-level names `train_step` calls (rollout's
-`generate`, `masked_logprobs` per role, `decode`, the reward; the trainer's `update`), so the
-numbers are those of a normal step. Configuration: bench/vs_trl.py's (issue 8).
+The loop times its own phases (`run/one_step.py`: generate, score, forward, estimate, update, sync,
+logged as `time_<phase>_s`), so nothing is wrapped or patched: the numbers are those of a normal
+step. Configuration: bench/vs_trl.py's (issue 8).
 
     python bench/profile_step.py [--model PATH] [--steps 3] [--fast] [--set KEY=VALUE ...] [--out profile.json]
 
@@ -16,32 +16,17 @@ import json
 import os
 import statistics
 import sys
-import time
-from collections import defaultdict
+import tempfile
 from pathlib import Path
-from typing import Any, Callable
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python bench/profile_step.py` from anywhere
 import bench.vs_trl as vs  # noqa: E402
-from llmrl import load_config
-from llmrl.engine import rollout as rollout_mod
-from llmrl.engine import trainer as trainer_mod
-from llmrl.run.reporting import NullReporter
-
-
-def wrap(module: Any, name: str, label: Callable[..., str], sink: dict[str, float]) -> None:
-    fn = getattr(module, name)
-
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            sink[label(*args, **kwargs)] += time.perf_counter() - t0
-
-    setattr(module, name, timed)
+from llmrl import load_config  # noqa: E402
+from llmrl.run.one_step import PHASES, train_step  # noqa: E402
+from llmrl.run.reporting import NullReporter  # noqa: E402
+from llmrl.run.session import setup  # noqa: E402
 
 
 def main() -> None:
@@ -57,23 +42,6 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     vs.THREADS = a.threads
     model = os.path.expanduser(a.model)
-    current: dict[str, float] = defaultdict(float)
-
-    def role(stack: Any, *_: Any, **__: Any) -> str:  # the role the rollout runs it in
-        return f"no-grad forward ({stack.role})"
-
-    wrap(rollout_mod, "generate", lambda *a, **k: "generate", current)
-    wrap(rollout_mod, "masked_logprobs", role, current)
-    wrap(rollout_mod, "masked_values", lambda *a, **k: "no-grad forward (critic values)", current)
-    wrap(trainer_mod, "critic_forward", lambda *a, **k: "critic forward for the update (values, graph kept)", current)
-    wrap(rollout_mod, "decode", lambda *a, **k: "decode", current)
-    wrap(rollout_mod, "score_parts", lambda *a, **k: "reward", current)
-    wrap(trainer_mod, "update", lambda *a, **k: "update (forward + backward + AdamW)", current)
-    wrap(trainer_mod, "estimate", lambda *a, **k: "advantages", current)
-
-    from llmrl.run.loop import setup, train_step
-
-    import tempfile
 
     config = load_config(overrides={
         "algo": "grpo", "task": "chat_sum", "seed": 0, "threads": a.threads, "out": tempfile.mkdtemp(prefix="prof-"),
@@ -87,11 +55,10 @@ def main() -> None:
     hwm = {"after setup": vs.vm_hwm_mib()}
     steps: list[dict[str, float]] = []
     for step in range(a.steps):
-        current.clear()
-        t0 = time.perf_counter()
         row = train_step(s, step)
-        total = time.perf_counter() - t0
-        steps.append({**current, "other": total - sum(current.values()), "step": total, "tokens": row["tokens"]})
+        phases = {p: row[f"time_{p}_s"] for p in PHASES}
+        total = row["step_time_s"]
+        steps.append({**phases, "other": total - sum(phases.values()), "step": total, "tokens": row["tokens"]})
         hwm[f"after step {step + 1}"] = vs.vm_hwm_mib()
     counted = steps[1:] or steps
     med = {k: statistics.median(r.get(k, 0.0) for r in counted) for k in counted[0]}

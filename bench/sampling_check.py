@@ -34,9 +34,9 @@ def main() -> None:
     a = ap.parse_args()
     from llmrl import load_config
     from llmrl.run.reporting import NullReporter
-    from llmrl.step.forward import encode_prompts
+    from llmrl.step.generate import encode_prompts
     from llmrl.engines.hf import generate, row_uniforms
-    from llmrl.run.loop import setup
+    from llmrl.run.session import setup
 
     torch.set_num_threads(1)
     vs.THREADS = 1

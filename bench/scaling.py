@@ -3,12 +3,15 @@
     PYTHONPATH=. python bench/scaling.py [--steps 3] [--device cpu|cuda] [--out bench/scaling.json]
 
 For each (model size, batch) it builds a random Llama with the char tokenizer (no hub), runs PPO
-steps of the engine with one CPU thread and times three phases per step:
+steps of the loop with one CPU thread and reads three phases per step from the metrics row's own
+phase timings (`time_<phase>_s`, run/one_step.py):
 
-    generate   sampling.generate: T decode forwards of N rows × 1 token (KV cache)
-    score      the rest of rollout: old log-probs, reference log-probs, critic values (3 forwards of
-               N rows × (P+T) tokens), decoding text, the reward
-    update     PPO epochs × minibatches: actor and critic forward + backward
+    generate   time_generate_s: T decode forwards of N rows × 1 token (KV cache), decoding text
+    score      time_score_s + time_forward_s: the reward; old log-probs, reference log-probs, critic
+               values (3 forwards of N rows × (P+T) tokens)
+    update     time_update_s: PPO epochs × minibatches, actor and critic forward + backward
+
+T is the step's mean response length (`response_len`), P the left-padded prompt width.
 
 and fits the cost model of docs/scaling.md by least squares:
 
@@ -25,17 +28,16 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import llmrl.step.forward as rollout_mod
-import llmrl.run.loop as trainer_mod
 from llmrl import load_config
+from llmrl.run.one_step import train_step
 from llmrl.run.reporting import NullReporter
+from llmrl.run.session import setup
+from llmrl.step.generate import encode_prompts
 from llmrl.models.tokenizer import build_char_tokenizer
 
 SIZES = {  # name: (hidden, layers, intermediate)
@@ -60,25 +62,6 @@ def build(folder: Path, size: str) -> int:
     return sum(p.numel() for n, p in model.named_parameters() if "embed" not in n and "lm_head" not in n)
 
 
-def sync() -> None:
-    """Wait for queued GPU work, so a phase's time is its own."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def timed(timers: dict, name: str, fn):
-    def wrapper(*args, **kwargs):
-        sync()
-        t = time.perf_counter()
-        out = fn(*args, **kwargs)
-        sync()
-        timers[name] += time.perf_counter() - t
-        if name == "generate":
-            timers["N"], timers["P"], timers["T"] = args[1].shape[0], args[1].shape[1], out.response_ids.shape[1]
-        return out
-    return wrapper
-
-
 def measure(size: str, prompts: int, steps: int, root: Path, device: str = "cpu") -> dict:
     folder = root / size
     if not folder.exists():
@@ -88,26 +71,20 @@ def measure(size: str, prompts: int, steps: int, root: Path, device: str = "cpu"
         "model.name": str(folder), "algo": "ppo", "steps": steps + 1, "out": str(root / f"run-{size}-{prompts}"),
         "rollout.prompts_per_step": prompts, "rollout.max_new_tokens": 16, "update.minibatch_size": prompts,
         "eval.size": 0, "threads": 1, "model.device": device})
-    s = trainer_mod.setup(config, NullReporter(), overwrite=True)
+    s = setup(config, NullReporter(), overwrite=True)
     rows = []
     for step in range(steps + 1):
-        timers: dict = defaultdict(float)
-        trainer_mod.rollout = timed(timers, "rollout", rollout_mod.rollout)
-        rollout_mod.generate = timed(timers, "generate", original_generate)
-        trainer_mod.update = timed(timers, "update", original_update)
-        t = time.perf_counter()
-        trainer_mod.train_step(s, step)
-        timers["step"] = time.perf_counter() - t
+        row = train_step(s, step)  # the loop's own phase timings (GPU synchronised around each)
+        prompts_of_step = [s.task.train[i]["prompt"] for i in s.sampler.indices(step).tolist()]
+        p_len = encode_prompts(s.tokenizer, prompts_of_step, torch.device("cpu"))[0].shape[1]
         if step:
-            rows.append(dict(timers))
+            rows.append({"N": prompts, "P": p_len, "T": row["response_len"], "generate": row["time_generate_s"],
+                         "score": row["time_score_s"] + row["time_forward_s"], "update": row["time_update_s"],
+                         "step": row["step_time_s"]})
     mean = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
     return {"size": size, "n_params": n_params, "prompts": prompts, "N": mean["N"], "P": mean["P"], "T": mean["T"],
-            "generate_s": mean["generate"], "score_s": mean["rollout"] - mean["generate"],
+            "generate_s": mean["generate"], "score_s": mean["score"],
             "update_s": mean["update"], "step_s": mean["step"]}
-
-
-original_generate = rollout_mod.generate
-original_update = trainer_mod.update
 
 
 def fit(rows: list[dict]) -> dict:

@@ -161,7 +161,8 @@ def llmrl_run(model: str, name: str, steps: int, dtype: str = "float32", seed: i
 
     from llmrl import load_config
     from llmrl.run.reporting import NullReporter
-    from llmrl.run.loop import setup, train_step
+    from llmrl.run.one_step import train_step
+    from llmrl.run.session import setup
 
     algo, on_policy = LLMRL[name]
     config = load_config(overrides={**llmrl_overrides(model, algo, on_policy, dtype=dtype, seed=seed, lr=lr),
@@ -286,7 +287,7 @@ def bound_run(model: str, reps: int, dtype: str = "float32") -> dict[str, Any]:
     from llmrl.run.reporting import NullReporter
     from llmrl.step.forward import RolloutPlan, encode_prompts, masked_logprobs, rollout
     from llmrl.engines.hf import generate, row_uniforms
-    from llmrl.run.loop import setup
+    from llmrl.run.session import setup
     from llmrl.models.stack import layout, token_logprobs
 
     config = load_config(overrides=llmrl_overrides(model, "grpo", False, dtype=dtype,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import Config, load_config
+from .engines import build_engine
 from .run.evaluate import evaluate, evaluate_sampled
 from .run.actor import load_actor
 from .models.load import load_base
@@ -93,7 +94,8 @@ def eval_model(
     rows = chosen.eval[: cfg.eval.size if size is None else size]
     n_new = max_new_tokens or cfg.rollout.max_new_tokens
     batch = batch_size or cfg.eval.batch_size
-    greedy = evaluate(target.stack, target.tokenizer, rows, chosen.reward, max_new_tokens=n_new,
+    engine = build_engine(cfg.rollout.engine, stack=target.stack, tokenizer=target.tokenizer, config=cfg)
+    greedy = evaluate(engine, target.tokenizer, rows, chosen.reward, max_new_tokens=n_new,
                       success=chosen.success, batch_size=batch, role=target.role)
     report: dict[str, Any] = {
         "model": model, "evaluated": target.label, "task": chosen.name, "prompts": len(rows),
@@ -101,7 +103,7 @@ def eval_model(
     }
     if samples > 0:
         temp = cfg.rollout.temperature if temperature is None else temperature
-        sampled = evaluate_sampled(target.stack, target.tokenizer, rows, chosen.reward, samples=samples,
+        sampled = evaluate_sampled(engine, target.tokenizer, rows, chosen.reward, samples=samples,
                                    max_new_tokens=n_new, temperature=temp, top_p=cfg.rollout.top_p, seed=seed,
                                    success=chosen.success, batch_size=batch, role=target.role)
         report["sampled"] = {"samples": samples, "temperature": temp, "seed": seed,

@@ -15,11 +15,12 @@ from llmrl import load_config, read_run
 from llmrl.cli import app
 from llmrl.compare import build_plan
 from llmrl.compare.aggregate import check_prompts
-from llmrl.engine import update as update_mod
+from llmrl.step import update as update_mod
 from llmrl.run.data import PromptSampler, stream_digest
 from llmrl.step.grad_stats import GradMoments
 from llmrl.run.reporting import NullReporter
-from llmrl.run.loop import setup, train_step
+from llmrl.run.one_step import train_step
+from llmrl.run.session import setup
 from llmrl.tasks import TASKS, Task, get_task
 from tests.helpers import digit_share, digits_task as make_digits_task
 

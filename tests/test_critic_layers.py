@@ -25,9 +25,9 @@ from llmrl.run.checkpoint import trainable_state
 from llmrl.config.load import on_policy_values
 from llmrl.config.schema import LoraConfig
 from llmrl.step.estimate import estimate, shape_rewards
-from llmrl.step.forward import RolloutPlan, rollout
-from llmrl.run.loop import resolve_estimator
-from llmrl.step.update import Targets, critic_forward, make_optimizers, update
+from llmrl.step.records import StepPlan
+from llmrl.run.session import resolve_estimator
+from llmrl.step.update import make_optimizers, update
 from llmrl.parallel.distributed import SINGLE
 from llmrl.errors import ConfigError
 from llmrl.models.stack import PolicyStack, layout
@@ -35,6 +35,7 @@ from llmrl.models.tokenizer import build_char_tokenizer
 from llmrl.models.top_layers import decoder_layers
 from llmrl.tasks import get_task
 from tests.helpers import digit_share
+from tests.steps import rollout
 
 ROOT = Path(__file__).resolve().parent.parent
 TOK = build_char_tokenizer()
@@ -215,17 +216,16 @@ def _ppo_step(shortcut: bool, sets: dict):
     with torch.no_grad():  # a critic whose values are not 0 (the value head starts at 0)
         for p in stack.parameters_of("critic"):
             p.add_(0.3 * torch.randn_like(p))
-    plan = RolloutPlan(reference=config.kl.beta > 0, critic=not in_update, greedy=False, critic_in_update=in_update,
-                       base_hidden=stack.critic_shortcut)
-    batch, _ = rollout(stack, TOK, get_task("arithmetic").train[:8], torch.arange(8), cfg=config.rollout, plan=plan,
-                       reward_fn=digit_share, seed=0, step=0)
-    assert (batch.base_hidden is not None) is shortcut
-    values = critic_forward(stack, batch) if in_update else None
-    out = estimate(resolve_estimator(config), batch, shape_rewards(batch, config.kl.beta, config.kl), config.estimator)
-    stats = update(stack, make_optimizers(stack, config.update), batch, Targets(out.advantages, out.returns),
-                   config.update, config.kl, config.kl.beta, config.rollout.temperature,
-                   torch.Generator().manual_seed(7), critic_values=values)
-    return batch.values, stats, trainable_state(stack)
+    plan = StepPlan(reference=config.kl.beta > 0, critic=not in_update, greedy=False, critic_in_update=in_update,
+                    base_hidden=stack.critic_shortcut)
+    r = rollout(stack, TOK, get_task("arithmetic").train[:8], torch.arange(8), cfg=config.rollout, plan=plan,
+                reward_fn=digit_share, seed=0, step=0)
+    assert (r.forwards.base_hidden is not None) is shortcut
+    targets = estimate(resolve_estimator(config), *r, shape_rewards(*r, config.kl.beta, config.kl), config.estimator)
+    result = update(stack, make_optimizers(stack, config.update), r.rows, targets,
+                    config.update, config.kl, config.kl.beta, config.rollout.temperature,
+                    torch.Generator().manual_seed(7), critic_values=r.forwards.value_graph)
+    return r.forwards.values, result.stats, trainable_state(stack)
 
 
 @pytest.mark.parametrize("sets", list(PLANS.values()), ids=list(PLANS))

@@ -37,7 +37,7 @@ import tests.dist_plugin  # noqa: F401  (registers dist_digits for the in-proces
 from llmrl import load_config, read_run, train
 from llmrl.run.checkpoint import list_checkpoints
 from llmrl.cli import app
-from llmrl.engine import trainer as trainer_mod
+from llmrl.run import session as trainer_mod
 from llmrl.run.memory import peak_device_mib
 from llmrl.model_eval import eval_model
 from llmrl.run.actor import load_actor

@@ -17,8 +17,9 @@ from llmrl import load_config
 from llmrl.cli import app
 from llmrl.config.schema import DataConfig
 from llmrl.run.reporting import NullReporter
-from llmrl.step.forward import encode_prompts
-from llmrl.run.loop import setup, train_step
+from llmrl.step.generate import encode_prompts
+from llmrl.run.one_step import train_step
+from llmrl.run.session import setup
 from llmrl.errors import ConfigError
 from llmrl.models.prompts import apply_chat_setting, render_prompts
 from llmrl.models.tokenizer import build_char_tokenizer

@@ -22,7 +22,7 @@ from llmrl.run.checkpoint import list_checkpoints
 from llmrl.config.load import on_policy_update
 from llmrl.parallel.distributed import DistContext
 from llmrl.run.reporting import NullReporter
-from llmrl.run.loop import setup
+from llmrl.run.session import setup
 from llmrl.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,7 +1,8 @@
 """LoRA dropout regularises the update only: every other forward of the stack is deterministic.
 
 The stack keeps every module in eval mode; `stack.dropout_active()` turns the LoRA dropout modules to
-train mode for the update's gradient forwards (actor and critic passes, `critic_forward`) and back.
+train mode for the update's gradient forwards (actor and critic passes, the critic forward `forward`
+keeps for the update) and back.
 With `lora.dropout` = 0.5 and adapters far from zero, a dropout mask changes the outputs a lot, so
 each "equal" below would fail if dropout leaked into that forward, and each "differs" shows that
 dropout really is active where it should be.
@@ -18,19 +19,22 @@ from safetensors.torch import load_file
 from torch import nn
 
 from llmrl import load_config, train
-from llmrl.step.records import RolloutBatch
+from llmrl.step.records import Forwards, Samples, StepPlan, Targets, TrainRows
 from llmrl.run.checkpoint import trainable_state
 from llmrl.config.schema import KLConfig, LoraConfig, RolloutConfig, UpdateConfig
 from llmrl.run.evaluate import evaluate
-from llmrl.step.forward import RolloutPlan, masked_logprobs, masked_values, rollout
+from llmrl.engines.hf import HFEngine
+from llmrl.step.forward import forward, masked_logprobs, masked_values
+from llmrl.step.generate import decode
 from llmrl.engines.hf import generate, row_uniforms
-from llmrl.step.update import Targets, _actor_loss, critic_forward, make_optimizers, update
+from llmrl.step.update import _actor_loss, make_optimizers, update
 from llmrl.models.stack import PolicyStack
 from llmrl.models.tokenizer import build_char_tokenizer
 from llmrl.tasks import TASKS, get_task
 
 from tests.conftest import make_tiny_model
 from tests.helpers import digit_share, digits_task
+from tests.steps import rollout
 
 TOK = build_char_tokenizer()
 ROWS = get_task("arithmetic").eval[:16]
@@ -52,8 +56,8 @@ def _dropouts(stack: PolicyStack) -> list[nn.Dropout]:
     return [m for n, m in stack.named_modules() if isinstance(m, nn.Dropout) and "lora_dropout" in n]
 
 
-def _sampled_batch(stack: PolicyStack, logprobs: bool = False) -> tuple[RolloutBatch, torch.Tensor | None]:
-    """4 prompts × 2 samples, drawn with the per-row uniforms: (batch, decoding log-probs or None)."""
+def _sampled_batch(stack: PolicyStack, logprobs: bool = False) -> tuple[Samples, torch.Tensor | None]:
+    """4 prompts × 2 samples, drawn with the per-row uniforms: (samples, decoding log-probs or None)."""
     rows = ROWS[:4]
     ids = TOK([r["prompt"] for r in rows], return_tensors="pt", padding=True)
     ids, mask = ids.input_ids.repeat_interleave(2, 0), ids.attention_mask.bool().repeat_interleave(2, 0)
@@ -61,8 +65,9 @@ def _sampled_batch(stack: PolicyStack, logprobs: bool = False) -> tuple[RolloutB
     with stack.use("actor"):
         gen = generate(stack, ids, mask, max_new_tokens=6, eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id,
                        temperature=1.0, uniforms=u, logprobs=logprobs)
-    batch = RolloutBatch(ids, mask, gen.response_ids, gen.response_mask, old_logprobs=torch.zeros(0),
-                         group_size=2, prompt_index=torch.arange(8) // 2)
+    batch = Samples(tuple(rows), ids, mask, gen.response_ids, gen.response_mask, group_size=2,
+                    prompt_index=torch.arange(8) // 2,
+                    completions=tuple(decode(TOK, gen.response_ids, gen.response_mask)))
     return batch, gen.logprobs
 
 
@@ -78,18 +83,22 @@ def test_the_stack_is_in_eval_mode_with_real_dropout_modules() -> None:
     assert not any(m.training for m in stack.modules())
 
 
+def _engine(stack: PolicyStack) -> HFEngine:
+    return HFEngine(stack, TOK.eos_token_id, TOK.pad_token_id)
+
+
 def test_greedy_evaluation_is_deterministic_with_dropout() -> None:
     stack = _stack()
     runs = []
     for seed in (1, 2):
         torch.manual_seed(seed)
-        runs.append(evaluate(stack, TOK, ROWS, digit_share, max_new_tokens=6).completions)
+        runs.append(evaluate(_engine(stack), TOK, ROWS, digit_share, max_new_tokens=6).completions)
     assert runs[0] == runs[1]
     with stack.dropout_active():  # the same evaluation with the masks on is not: dropout is real
         masked = []
         for seed in (1, 2):
             torch.manual_seed(seed)
-            masked.append(evaluate(stack, TOK, ROWS, digit_share, max_new_tokens=6).completions)
+            masked.append(evaluate(_engine(stack), TOK, ROWS, digit_share, max_new_tokens=6).completions)
     assert masked[0] != masked[1] and masked[0] != runs[0]
 
 
@@ -122,26 +131,27 @@ def test_generation_logprobs_equal_a_no_grad_forward_with_dropout() -> None:
     torch.testing.assert_close(decoded, full, atol=1e-12, rtol=0)
 
 
-def _update_inputs(stack: PolicyStack) -> tuple[RolloutBatch, torch.Tensor]:
-    batch, _ = _sampled_batch(stack)
+def _update_inputs(stack: PolicyStack) -> tuple[TrainRows, torch.Tensor, Samples]:
+    samples, _ = _sampled_batch(stack)
     with stack.use("actor"):
-        batch.old_logprobs = masked_logprobs(stack, batch, 1.0)
+        old = masked_logprobs(stack, samples, 1.0)
+    batch = TrainRows.of(samples, Forwards(old.dtype, old_logprobs=old))
     adv = torch.where(batch.response_mask, torch.linspace(-1, 1, batch.response_ids.numel()).view_as(batch.response_ids)
-                      .to(batch.old_logprobs.dtype), torch.zeros_like(batch.old_logprobs))
-    return batch, adv
+                      .to(old.dtype), torch.zeros_like(old))
+    return batch, adv, samples
 
 
-def _loss(stack: PolicyStack, batch: RolloutBatch, adv: torch.Tensor, seed: int) -> float:
+def _loss(stack: PolicyStack, batch: TrainRows, adv: torch.Tensor, seed: int) -> float:
     torch.manual_seed(seed)
-    totals = {"total_tokens": float(batch.response_mask.sum()), "total_seqs": float(batch.rows)}
+    totals = {"total_tokens": float(batch.response_mask.sum()), "total_seqs": float(batch.n)}
     with stack.use("actor"):
-        loss, _ = _actor_loss(stack, batch, adv, UpdateConfig(), KLConfig(beta=0.0), 0.0, 1.0, totals)
+        loss, _, _ = _actor_loss(stack, batch, adv, UpdateConfig(), KLConfig(beta=0.0), 0.0, 1.0, totals)
     return float(loss.detach())
 
 
 def test_the_update_forward_uses_dropout_and_the_stack_returns_to_eval() -> None:
     stack = _stack()
-    batch, adv = _update_inputs(stack)
+    batch, adv, _ = _update_inputs(stack)
     plain = _loss(stack, batch, adv, 1)
     assert plain == _loss(stack, batch, adv, 2)  # outside the context: no mask, whatever the RNG
     with stack.dropout_active():
@@ -153,9 +163,9 @@ def test_the_update_forward_uses_dropout_and_the_stack_returns_to_eval() -> None
     weights = []
     for seed in (5, 5, 6):
         s = _stack()
-        b, a = _update_inputs(s)
+        b, a, _ = _update_inputs(s)
         torch.manual_seed(seed)
-        update(s, make_optimizers(s, UpdateConfig(lr_actor=1e-2, minibatch_size=4)), b, Targets(a, None),
+        update(s, make_optimizers(s, UpdateConfig(lr_actor=1e-2, minibatch_size=4)), b, Targets(torch.zeros_like(a), a),
                UpdateConfig(lr_actor=1e-2, minibatch_size=4), KLConfig(beta=0.0), 0.0, 1.0,
                torch.Generator().manual_seed(0))
         assert not any(m.training for m in s.modules())
@@ -169,9 +179,9 @@ def test_the_update_forward_uses_dropout_and_the_stack_returns_to_eval() -> None
 
 def test_without_dropout_the_update_draws_no_random_number() -> None:
     stack = _stack(0.0)
-    batch, adv = _update_inputs(stack)
+    batch, adv, _ = _update_inputs(stack)
     torch.manual_seed(11)
-    update(stack, make_optimizers(stack, UpdateConfig(minibatch_size=4)), batch, Targets(adv, None),
+    update(stack, make_optimizers(stack, UpdateConfig(minibatch_size=4)), batch, Targets(torch.zeros_like(adv), adv),
            UpdateConfig(minibatch_size=4), KLConfig(beta=0.0), 0.0, 1.0, torch.Generator().manual_seed(0))
     after = torch.rand(3)
     torch.manual_seed(11)
@@ -183,22 +193,26 @@ def test_on_policy_shortcuts_keep_ratio_one_under_dropout() -> None:
     exactly 1 (approx KL and clip fraction exactly 0) and differs from the deterministic forward's.
     `update.on_policy_values`: V_old is the masked critic forward's, which the value loss reuses."""
     stack = _stack()
-    batch, adv = _update_inputs(stack)
-    deterministic = batch.old_logprobs.clone()
-    batch.old_logprobs = torch.zeros_like(deterministic)
+    deterministic_rows, adv, samples = _update_inputs(stack)
+    deterministic = deterministic_rows.old_logprobs
     torch.manual_seed(1)
-    values = critic_forward(stack, batch)
+    kept = forward(stack, samples, StepPlan(reference=False, critic=False, greedy=False, old_logprobs=False,
+                                            critic_in_update=True), 1.0)
+    values = kept.value_graph
     assert not any(m.training for m in stack.modules())
-    plain_values = masked_values(stack, batch)
-    assert torch.equal(batch.values, torch.where(batch.response_mask, values.detach(), torch.zeros_like(values)))
-    assert float((batch.values - plain_values).abs().max()) > 1e-2  # the gradient forward was masked
-    returns = batch.values + adv
+    plain_values = masked_values(stack, samples)
+    assert torch.equal(kept.values, torch.where(samples.response_mask, values.detach(), torch.zeros_like(values)))
+    assert float((kept.values - plain_values).abs().max()) > 1e-2  # the gradient forward was masked
+    batch = TrainRows.of(samples, kept)
+    assert batch.old_logprobs is None  # the update's own forward provides them
+    returns = kept.values + adv
     cfg = UpdateConfig(minibatch_size=8, lr_actor=1e-2)
-    stats = update(stack, make_optimizers(stack, cfg), batch, Targets(adv, returns), cfg, KLConfig(beta=0.0),
-                   0.0, 1.0, torch.Generator().manual_seed(0), on_policy=True, critic_values=values)
+    result = update(stack, make_optimizers(stack, cfg), batch, Targets(torch.zeros_like(adv), adv, returns), cfg, KLConfig(beta=0.0),
+                    0.0, 1.0, torch.Generator().manual_seed(0), on_policy=True, critic_values=values)
+    stats = result.stats
     assert stats["approx_kl"] == 0.0 and stats["clip_frac"] == 0.0
     assert stats["policy_loss"] == pytest.approx(-float(adv.sum() / batch.response_mask.sum()), abs=1e-12)
-    masked_old = batch.old_logprobs
+    masked_old = result.old_logprobs
     assert float((masked_old - deterministic).abs().max()) > 1e-2 and bool((masked_old[batch.response_mask] != 0).all())
     # value loss without clipping effect: V = V_old at the one step, so the loss is ½·mean((V − R)²)
     mask = batch.response_mask
@@ -232,14 +246,14 @@ def test_rollout_plan_forwards_are_deterministic_under_dropout() -> None:
     """The whole rollout (sampling, old and reference log-probs, values) with p = 0.5 equals the
     rollout of the same weights built with p = 0."""
     cfg = RolloutConfig(prompts_per_step=4, num_generations=2, max_new_tokens=6)
-    plan = RolloutPlan(reference=True, critic=True, greedy=True, from_generation=False)
+    plan = StepPlan(reference=True, critic=True, greedy=True, from_generation=False)
     out = []
     for p, seed in ((0.5, 1), (0.0, 2)):
         stack = _stack(p)
         torch.manual_seed(seed)
-        batch, texts = rollout(stack, TOK, ROWS[:4], torch.arange(4), cfg=cfg, plan=plan, reward_fn=digit_share,
-                               seed=0, step=0)
-        out.append((texts, batch.old_logprobs, batch.ref_logprobs, batch.values, batch.baseline_scores))
+        r = rollout(stack, TOK, ROWS[:4], torch.arange(4), cfg=cfg, plan=plan, reward_fn=digit_share, seed=0, step=0)
+        out.append((r.completions, r.forwards.old_logprobs, r.forwards.ref_logprobs, r.forwards.values,
+                    r.scores.baseline))
     assert out[0][0] == out[1][0]
     for a, b in zip(out[0][1:], out[1][1:]):
         assert torch.equal(a, b)

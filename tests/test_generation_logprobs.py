@@ -5,15 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmrl.step.records import RolloutBatch
+from llmrl.step.records import StepPlan, TrainRows
 from llmrl.config.schema import RolloutConfig
-from llmrl.engine import rollout as rollout_mod
-from llmrl.step.forward import RolloutPlan, generation_logprobs, masked_logprobs, rollout
+from llmrl.step import forward as rollout_mod
+from llmrl.step.forward import generation_logprobs, masked_logprobs
 from llmrl.engines.hf import generate, row_uniforms
 from llmrl.models.tokenizer import build_char_tokenizer
 from llmrl.tasks import get_task
 
 from tests.helpers import digit_share
+from tests.steps import Rollout, rollout
 from tests.test_prefix import G, _batch, _stack
 
 
@@ -30,16 +31,14 @@ def test_decoding_logprobs_equal_a_full_forward(dtype: torch.dtype, atol: float,
         # top-p truncates what is drawn, not π: both sides score the untruncated tempered policy
         gen = generate(stack, ids, mask, max_new_tokens=10, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
                        temperature=0.7, top_p=0.9, uniforms=u, logprobs=True)
-        batch = RolloutBatch(ids, mask, gen.response_ids, gen.response_mask, old_logprobs=torch.zeros(0),
-                             group_size=G, prompt_index=torch.arange(n) // G)
-        full = masked_logprobs(stack, batch, 0.7)
+        full = masked_logprobs(stack, TrainRows(ids, mask, gen.response_ids, gen.response_mask), 0.7)
     assert gen.logprobs is not None and gen.logprobs.dtype == dtype
     assert float(full.abs().max()) > 0.5  # real log-probs, not zeros
     assert torch.equal(gen.logprobs == 0, ~gen.response_mask | (full == 0))
     torch.testing.assert_close(gen.logprobs, full, atol=atol, rtol=0)
 
 
-def _rollout(from_generation: bool) -> tuple[RolloutBatch, list[str]]:
+def _rollout(from_generation: bool) -> tuple[Rollout, list[str]]:
     calls: list[str] = []
     stack = _stack()
     real = rollout_mod.masked_logprobs
@@ -52,10 +51,10 @@ def _rollout(from_generation: bool) -> tuple[RolloutBatch, list[str]]:
     rollout_mod.masked_logprobs = counted
     try:
         rows = get_task("arithmetic").train[:2]
-        plan = RolloutPlan(reference=True, critic=False, greedy=False, from_generation=from_generation)
+        plan = StepPlan(reference=True, critic=False, greedy=False, from_generation=from_generation)
         cfg = RolloutConfig(prompts_per_step=2, num_generations=G, max_new_tokens=6)
-        batch, _ = rollout(stack, build_char_tokenizer(), rows, torch.arange(2), cfg=cfg, plan=plan,
-                           reward_fn=digit_share, seed=0, step=0)
+        batch = rollout(stack, build_char_tokenizer(), rows, torch.arange(2), cfg=cfg, plan=plan,
+                        reward_fn=digit_share, seed=0, step=0)
     finally:
         rollout_mod.masked_logprobs = real
     return batch, calls
@@ -66,7 +65,8 @@ def test_rollout_skips_the_actor_forward_and_keeps_the_batch() -> None:
     decoded, calls_decoded = _rollout(True)
     assert calls_forward == ["actor", "reference"]
     assert calls_decoded == ["reference"]
-    assert torch.equal(decoded.response_ids, forward.response_ids)
+    assert torch.equal(decoded.samples.response_ids, forward.samples.response_ids)
+    decoded, forward = decoded.forwards, forward.forwards
     torch.testing.assert_close(decoded.old_logprobs, forward.old_logprobs, atol=1e-12, rtol=0)
     torch.testing.assert_close(decoded.ref_logprobs, forward.ref_logprobs, atol=0, rtol=0)
     assert float((forward.old_logprobs - forward.ref_logprobs).abs().max()) > 1e-2

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from llmrl.step.records import RolloutBatch
+from llmrl.step.records import Forwards, Samples, Scores
 from llmrl.config.schema import KLConfig
 from llmrl.step.estimate import shape_rewards
 from llmrl.kl_control import KLController
@@ -293,18 +293,18 @@ def test_adaptive_kl_controller_is_multiplicative_and_scaled_by_samples() -> Non
 # ---------------------------------------------------------------------------------------------
 
 
-def make_batch(ref_logprobs=True) -> RolloutBatch:
+def make_batch(ref_logprobs=True) -> tuple[Samples, Scores, Forwards]:
     # Row 0 keeps 2 tokens, row 1 keeps 1, row 2 keeps 3, row 3 keeps none.
     mask = m([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]])
     old = t([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0], [-1.0, -1.0, -1.0], [0.0, 0.0, 0.0]])
     # Junk at masked positions of ref: must not reach the rewards.
     ref = t([[-2.0, -2.0, 9.0], [-1.0, 9.0, 9.0], [-1.0, -0.5, -1.0], [9.0, 9.0, 9.0]])
-    return RolloutBatch(
-        prompt_ids=torch.zeros(4, 2, dtype=torch.long), prompt_mask=torch.ones(4, 2, dtype=torch.bool),
-        response_ids=torch.ones(4, 3, dtype=torch.long), response_mask=mask, old_logprobs=old,
-        group_size=2, prompt_index=torch.tensor([0, 0, 1, 1]),
-        ref_logprobs=ref if ref_logprobs else None, scores=t([2.0, -1.0, 0.5, 5.0]),
+    samples = Samples(
+        rows=({"prompt": "a"}, {"prompt": "b"}), prompt_ids=torch.zeros(4, 2, dtype=torch.long),
+        prompt_mask=torch.ones(4, 2, dtype=torch.bool), response_ids=torch.ones(4, 3, dtype=torch.long),
+        response_mask=mask, group_size=2, prompt_index=torch.tensor([0, 0, 1, 1]), completions=("",) * 4,
     )
+    return samples, Scores(t([2.0, -1.0, 0.5, 5.0])), Forwards(old.dtype, old, ref if ref_logprobs else None)
 
 
 # Scores on the last kept token: row 0 → t=1, row 1 → t=0, row 2 → t=2, row 3 (empty) → nothing.
@@ -331,20 +331,20 @@ SHAPE_TABLE = [
 @pytest.mark.parametrize("beta, estimator, placement, expected", SHAPE_TABLE)
 def test_shape_rewards_table(beta, estimator, placement, expected) -> None:
     cfg = KLConfig(beta=beta, estimator=estimator, placement=placement)
-    rewards = shape_rewards(make_batch(), beta, cfg)
+    rewards = shape_rewards(*make_batch(), beta, cfg)
     close(rewards, expected)
-    assert (rewards[~make_batch().response_mask] == 0).all()
+    assert (rewards[~make_batch()[0].response_mask] == 0).all()
 
 
 def test_shape_rewards_without_reference_is_scores_only() -> None:
     # No ref log-probs (no KL used): r = score on the last kept token, whatever β says.
-    rewards = shape_rewards(make_batch(ref_logprobs=False), 0.1, KLConfig(beta=0.1))
+    rewards = shape_rewards(*make_batch(ref_logprobs=False), 0.1, KLConfig(beta=0.1))
     close(rewards, SCORES_ONLY)
 
 
 def test_shape_rewards_uses_the_beta_argument_not_the_config() -> None:
     # The controller's β (0.2) wins over kl.beta (0.1): row 0 t=0 → −0.2·1 = −0.2; row 1 → −1 − 0.2·0.5 = −1.1.
-    rewards = shape_rewards(make_batch(), 0.2, KLConfig(beta=0.1, estimator="k1", placement="reward"))
+    rewards = shape_rewards(*make_batch(), 0.2, KLConfig(beta=0.1, estimator="k1", placement="reward"))
     close(rewards[:2, :1], [[-0.2], [-1.1]])
 
 

@@ -20,14 +20,15 @@ from hypothesis import strategies as st
 from llmrl import load_config
 from llmrl.run.checkpoint import trainable_state
 from llmrl.step.estimate import estimate, shape_rewards
-from llmrl.step.forward import RolloutPlan, rollout
-from llmrl.run.loop import resolve_estimator
-from llmrl.step.update import Targets, make_optimizers, update
+from llmrl.step.records import StepPlan
+from llmrl.run.session import resolve_estimator
+from llmrl.step.update import make_optimizers, update
 from llmrl.models.stack import PolicyStack
 from llmrl.models.tokenizer import build_char_tokenizer
 from llmrl.tasks import get_task
 from tests.helpers import digit_share as _digit_share
 from tests.conftest import make_tiny_model
+from tests.steps import rollout
 
 SETUPS = {
     # ppo: critic + GAE, KL (k1) in the reward; grpo: groups of 4, KL (k3) in the loss, no critic
@@ -49,11 +50,11 @@ def _fixture(algo: str, dtype: torch.dtype = torch.float64):
     stack = PolicyStack(make_tiny_model().to(dtype), config.lora, with_critic=spec.needs.critic, share_prompts=False)
     assert {p.dtype for r in stack.trainable_roles() for p in stack.parameters_of(r)} == {dtype}
     rows = get_task("arithmetic").train[: config.rollout.prompts_per_step]
-    plan = RolloutPlan(reference=config.kl.beta > 0, critic=spec.needs.critic, greedy=spec.needs.greedy)
-    batch, _ = rollout(stack, build_char_tokenizer(), rows, torch.arange(len(rows)), cfg=config.rollout, plan=plan,
-                       reward_fn=_digit_share, seed=0, step=0)
-    out = estimate(spec, batch, shape_rewards(batch, config.kl.beta, config.kl), config.estimator)
-    return stack, trainable_state(stack), batch, Targets(out.advantages, out.returns), config
+    plan = StepPlan(reference=config.kl.beta > 0, critic=spec.needs.critic, greedy=spec.needs.greedy)
+    r = rollout(stack, build_char_tokenizer(), rows, torch.arange(len(rows)), cfg=config.rollout, plan=plan,
+                reward_fn=_digit_share, seed=0, step=0)
+    targets = estimate(spec, *r, shape_rewards(*r, config.kl.beta, config.kl), config.estimator)
+    return stack, trainable_state(stack), r.rows, targets, config
 
 
 class RecordingAdamW(torch.optim.AdamW):

@@ -19,15 +19,16 @@ from llmrl import load_config
 from llmrl.run.checkpoint import trainable_state
 from llmrl.config.load import on_policy_values
 from llmrl.step.estimate import estimate, shape_rewards
-from llmrl.step.forward import RolloutPlan, rollout
-from llmrl.run.loop import resolve_estimator
-from llmrl.step.update import Targets, critic_forward, make_optimizers, update
+from llmrl.step.records import StepPlan
+from llmrl.run.session import resolve_estimator
+from llmrl.step.update import make_optimizers, update
 from llmrl.errors import ConfigError
 from llmrl.models.stack import PolicyStack
 from llmrl.models.tokenizer import build_char_tokenizer
 from llmrl.tasks import get_task
 from tests.conftest import make_tiny_model
 from tests.helpers import digit_share
+from tests.steps import rollout
 
 ROOT = Path(__file__).resolve().parent.parent
 # ppo, 8 prompts × 1, one minibatch of all rows, k1 KL in the reward: one update pass
@@ -35,8 +36,8 @@ SINGLE = {"algo": "ppo", "rollout.prompts_per_step": 8, "update.minibatch_size":
 
 
 def _step(in_update: bool):
-    """One ppo rollout + update on a fresh float64 tiny model: (batch, advantages, stats, weights,
-    critic forwards the rollout ran)."""
+    """One ppo rollout + update on a fresh float64 tiny model: (rollout, advantages, stats, weights,
+    no-grad critic forwards the rollout ran, all critic forwards)."""
     config = load_config(overrides={**SINGLE, "update.lr_actor": 1e-2, "update.lr_critic": 1e-2,
                                     "update.on_policy_values": "on" if in_update else "off"})
     spec = resolve_estimator(config)
@@ -47,17 +48,17 @@ def _step(in_update: bool):
             p.add_(0.3 * torch.randn_like(p))
     calls = []
     real = stack.values
-    stack.values = lambda seq, base=None: calls.append(1) or real(seq, base)  # type: ignore[method-assign]
-    plan = RolloutPlan(reference=True, critic=not in_update, greedy=False, from_generation=True)
-    batch, _ = rollout(stack, build_char_tokenizer(), get_task("arithmetic").train[:8], torch.arange(8),
-                       cfg=config.rollout, plan=plan, reward_fn=digit_share, seed=0, step=0)
-    rollout_calls = len(calls)
-    values = critic_forward(stack, batch) if in_update else None
-    out = estimate(spec, batch, shape_rewards(batch, config.kl.beta, config.kl), config.estimator)
-    stats = update(stack, make_optimizers(stack, config.update), batch, Targets(out.advantages, out.returns),
-                   config.update, config.kl, config.kl.beta, config.rollout.temperature,
-                   torch.Generator().manual_seed(7), critic_values=values)
-    return batch, out.advantages, stats, trainable_state(stack), rollout_calls, len(calls)
+    # True: a gradient forward (the update's, or the one forward keeps for it); False: a no-grad one
+    stack.values = lambda seq, base=None: calls.append(torch.is_grad_enabled()) or real(seq, base)  # type: ignore[method-assign]
+    plan = StepPlan(reference=True, critic=not in_update, greedy=False, from_generation=True, critic_in_update=in_update)
+    r = rollout(stack, build_char_tokenizer(), get_task("arithmetic").train[:8], torch.arange(8),
+                cfg=config.rollout, plan=plan, reward_fn=digit_share, seed=0, step=0)
+    rollout_calls = calls.count(False)
+    targets = estimate(spec, *r, shape_rewards(*r, config.kl.beta, config.kl), config.estimator)
+    result = update(stack, make_optimizers(stack, config.update), r.rows, targets,
+                    config.update, config.kl, config.kl.beta, config.rollout.temperature,
+                    torch.Generator().manual_seed(7), critic_values=r.forwards.value_graph)
+    return r, targets.advantages, result.stats, trainable_state(stack), rollout_calls, len(calls)
 
 
 def test_values_from_the_update_forward_keep_the_update_exact() -> None:
@@ -65,8 +66,8 @@ def test_values_from_the_update_forward_keep_the_update_exact() -> None:
     fast, fast_adv, fast_stats, fast_w, fast_rollout, fast_total = _step(True)
     assert (slow_rollout, slow_total) == (1, 2)  # rollout forward + the critic pass's forward
     assert (fast_rollout, fast_total) == (0, 1)  # only the update's forward
-    assert float(slow.values.abs().max()) > 0.1
-    torch.testing.assert_close(fast.values, slow.values, atol=1e-12, rtol=0)
+    assert float(slow.forwards.values.abs().max()) > 0.1
+    torch.testing.assert_close(fast.forwards.values, slow.forwards.values, atol=1e-12, rtol=0)
     torch.testing.assert_close(fast_adv, slow_adv, atol=1e-10, rtol=0)
     for key in ("value_loss", "critic_grad_norm", "policy_loss", "actor_grad_norm"):
         assert fast_stats[key] == pytest.approx(slow_stats[key], abs=1e-10), key

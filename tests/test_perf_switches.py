@@ -23,17 +23,18 @@ from llmrl import load_config, read_run, train
 from llmrl.algos import ALGOS
 from llmrl.run.checkpoint import trainable_state
 from llmrl.config.load import exactly_on_policy, on_policy_update
-from llmrl.engine import rollout as rollout_mod
+from llmrl.step import forward as rollout_mod
 from llmrl.step.estimate import estimate, sequence_kl, shape_rewards
-from llmrl.step.forward import RolloutPlan, rollout
-from llmrl.run.loop import resolve_estimator
-from llmrl.step.update import Targets, make_optimizers, update
+from llmrl.step.records import StepPlan
+from llmrl.run.session import resolve_estimator
+from llmrl.step.update import make_optimizers, update
 from llmrl.errors import ConfigError
 from llmrl.models.stack import PolicyStack
 from llmrl.models.tokenizer import build_char_tokenizer
 from llmrl.tasks import get_task
 from tests.helpers import digit_share as _digit_share
 from tests.conftest import make_tiny_model
+from tests.steps import rollout
 
 ROOT = Path(__file__).resolve().parent.parent
 # grpo, 2 prompts × 4 samples in one minibatch, KL (k3) in the loss: exactly on-policy
@@ -42,7 +43,8 @@ ELIGIBLE = {"algo": "grpo", "rollout.prompts_per_step": 2, "rollout.num_generati
 
 def _step(fast: bool, micro: int | None):
     """One rollout + update of grpo (2 prompts × 4, KL k3 in the loss) on a fresh float64 tiny model:
-    (old log-probs before the update, batch after it, update stats, trainable weights)."""
+    (old log-probs before the update (None: skipped), the old log-probs the step ends with, the
+    rollout, update stats, trainable weights)."""
     config = load_config(overrides={"algo": "grpo", "rollout.prompts_per_step": 2, "rollout.num_generations": 4,
                                     "update.minibatch_size": 8, "update.micro_batch_size": micro,
                                     "update.lr_actor": 1e-2, "kl.beta": 0.04, "update.on_policy_logprobs": fast})
@@ -55,27 +57,31 @@ def _step(fast: bool, micro: int | None):
             p.add_(0.3 * torch.randn_like(p))
     initial = {k: v.clone() for k, v in trainable_state(stack).items()}
     rows = get_task("arithmetic").train[:2]
-    plan = RolloutPlan(reference=True, critic=False, greedy=False, old_logprobs=not fast)
-    batch, _ = rollout(stack, build_char_tokenizer(), rows, torch.arange(2), cfg=config.rollout, plan=plan,
-                       reward_fn=_digit_share, seed=0, step=0)
-    before = batch.old_logprobs.clone()
-    out = estimate(spec, batch, shape_rewards(batch, config.kl.beta, config.kl), config.estimator)
-    stats = update(stack, make_optimizers(stack, config.update), batch, Targets(out.advantages, out.returns),
-                   config.update, config.kl, config.kl.beta, config.rollout.temperature, torch.Generator().manual_seed(7),
-                   on_policy=fast)
+    plan = StepPlan(reference=True, critic=False, greedy=False, old_logprobs=not fast)
+    r = rollout(stack, build_char_tokenizer(), rows, torch.arange(2), cfg=config.rollout, plan=plan,
+                reward_fn=_digit_share, seed=0, step=0)
+    before = r.forwards.old_logprobs
+    targets = estimate(spec, *r, shape_rewards(*r, config.kl.beta, config.kl), config.estimator)
+    result = update(stack, make_optimizers(stack, config.update), r.rows, targets,
+                    config.update, config.kl, config.kl.beta, config.rollout.temperature, torch.Generator().manual_seed(7),
+                    on_policy=fast)
     weights = trainable_state(stack)
     assert max(float((weights[k] - initial[k]).abs().max()) for k in weights) > 1e-3  # the update moved them
-    return before, batch, stats, weights
+    old = before if before is not None else result.old_logprobs
+    return before, old, r, result.stats, weights
 
 
 @pytest.mark.parametrize("micro", [None, 3])
 def test_on_policy_logprobs_keep_the_update_exact(micro: int | None) -> None:
-    slow_before, slow, slow_stats, slow_w = _step(False, micro)
-    fast_before, fast, fast_stats, fast_w = _step(True, micro)
-    assert slow_before.abs().max() > 0.1 and fast_before.abs().max() == 0  # the fast rollout skipped the forward
-    assert slow.response_mask.sum() > 8
-    torch.testing.assert_close(fast.old_logprobs, slow.old_logprobs, atol=1e-10, rtol=0)
-    assert sequence_kl(fast) == pytest.approx(sequence_kl(slow), abs=1e-10) and abs(sequence_kl(slow)) > 1e-3
+    slow_before, slow_old, slow, slow_stats, slow_w = _step(False, micro)
+    fast_before, fast_old, fast, fast_stats, fast_w = _step(True, micro)
+    assert slow_before.abs().max() > 0.1 and fast_before is None  # the fast rollout skipped the forward
+    mask = slow.samples.response_mask
+    assert mask.sum() > 8 and torch.equal(mask, fast.samples.response_mask)
+    torch.testing.assert_close(fast_old, slow_old, atol=1e-10, rtol=0)
+    kl_fast = sequence_kl(fast_old, fast.forwards.ref_logprobs, mask)
+    kl_slow = sequence_kl(slow_old, slow.forwards.ref_logprobs, mask)
+    assert kl_fast == pytest.approx(kl_slow, abs=1e-10) and abs(kl_slow) > 1e-3
     for key in ("policy_loss", "entropy", "clip_frac", "approx_kl", "actor_grad_norm"):
         assert fast_stats[key] == pytest.approx(slow_stats[key], abs=1e-10), key
     assert fast_w.keys() == slow_w.keys()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from llmrl.config.schema import LoraConfig
-from llmrl.step.forward import encode_prompts
+from llmrl.step.generate import encode_prompts
 from llmrl.engines.hf import generate, row_uniforms
 from llmrl.models.prefix import distinct_prompts
 from llmrl.models.stack import PolicyStack, layout, token_logprobs

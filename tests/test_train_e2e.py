@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 from llmrl import load_config, read_run
 from llmrl.cli import app
 from llmrl.run.reporting import NullReporter
-from llmrl.run.loop import setup, train_step
+from llmrl.run.one_step import train_step
+from llmrl.run.session import setup
 from llmrl.tasks import TASKS
 from tests.helpers import digits_task as make_digits_task
 

@@ -24,7 +24,7 @@ from typing import Any
 from ..algos import ALGOS, get_algo
 from ..config import Config, load_config, to_tree
 from ..config.load import flatten, parse_override
-from ..run.loop import resolve_estimator
+from ..run.session import resolve_estimator
 from ..errors import ConfigError
 
 MATCHES = ("rows", "prompts")

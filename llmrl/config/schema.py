@@ -65,6 +65,8 @@ class LoraConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
+    engine: str = opt("hf", "generation engine: 'hf' decodes from the policy stack with its KV cache (engines/)",
+                      choices=("hf",))
     prompts_per_step: int = opt(512, "B: prompts sampled per step", min=1)
     num_generations: int = opt(1, "G: responses per prompt (rows of a group are contiguous)", min=1)
     max_new_tokens: int = opt(5, "longest response in tokens", min=1)

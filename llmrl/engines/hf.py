@@ -1,13 +1,15 @@
-"""Batched sampling with the KV cache, and world-size-independent randomness.
+"""The `hf` engine: batched decoding with the model's KV cache, straight from the policy stack.
 
-Every row draws its random numbers from its own generator seeded by (seed, step, prompt index,
-sample index), so the same prompt gets the same completion whichever process, batch position or
-micro-batch it lands in. Tokens are drawn by inverse-CDF with those uniforms.
+Every row draws its random numbers from its own generator seeded by its key (`base.row_keys`:
+seed, step, prompt index, sample index), so the same prompt gets the same completion whichever
+process, batch position or micro-batch it lands in. Tokens are drawn by inverse CDF with those
+uniforms. The engine samples from the stack's current adapters, so `sync` has nothing to do.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -15,26 +17,19 @@ from transformers import DynamicCache
 
 from ..models.prefix import distinct_prompts, shared_prefill, with_cache
 from ..models.stack import PolicyStack, tempered, token_logprobs
-
-_MIX = (1_000_003, 10_007, 101, 7)
-
-# Set by fsdp.shard_base (a DistContext): with a sharded base every forward is a collective, so
-# decoding stops only when every row of every process is done. None: stop when this batch is done.
-LOCKSTEP = None
+from ..parallel.distributed import SINGLE, DistContext
+from .base import Generation, GenerationRequest, register_engine, row_keys
 
 
-def _all_done(done: Tensor) -> bool:
-    finished = bool(done.all())
-    return finished if LOCKSTEP is None else not LOCKSTEP.any(not finished)
+def key_uniforms(keys: Tensor, n: int) -> Tensor:
+    """(N, n) float64 uniforms in [0, 1); row i is drawn from a generator seeded with keys[i] alone."""
+    return torch.stack([torch.rand(n, generator=torch.Generator().manual_seed(k), dtype=torch.float64)
+                        for k in keys.tolist()])
 
 
 def row_uniforms(seed: int, step: int, prompt_index: Tensor, sample_index: Tensor, n: int) -> Tensor:
     """(N, n) uniforms in [0, 1); row i depends only on (seed, step, prompt_index[i], sample_index[i])."""
-    rows = []
-    for p, s in zip(prompt_index.tolist(), sample_index.tolist()):
-        key = (seed * _MIX[0] + step * _MIX[1] + p * _MIX[2] + s * _MIX[3]) % (2**63 - 1)
-        rows.append(torch.rand(n, generator=torch.Generator().manual_seed(key), dtype=torch.float64))
-    return torch.stack(rows)
+    return key_uniforms(row_keys(seed, step, prompt_index, sample_index), n)
 
 
 def pick_tokens(logits: Tensor, temperature: float, top_p: float, uniforms: Tensor | None) -> Tensor:
@@ -60,17 +55,6 @@ def _inverse_cdf(weights: Tensor, uniforms: Tensor) -> Tensor:
     return torch.searchsorted(cdf, target, right=True).clamp(max=cdf.shape[-1] - 1).squeeze(-1)
 
 
-@dataclass(frozen=True)
-class Generation:
-    """response_ids (N, T) right-padded with pad after the first EOS; response_mask (N, T) bool,
-    True up to and including the first EOS; logprobs (N, T) log π(a_t|s_t) of the drawn tokens
-    (log softmax(logits / temperature), 0 where masked) when asked for, else None."""
-
-    response_ids: Tensor
-    response_mask: Tensor
-    logprobs: Tensor | None = None
-
-
 @torch.no_grad()
 def generate(
     stack: PolicyStack,
@@ -84,6 +68,7 @@ def generate(
     top_p: float = 1.0,
     uniforms: Tensor | None = None,
     logprobs: bool = False,
+    all_done: Callable[[bool], bool] | None = None,
 ) -> Generation:
     """Decode up to `max_new_tokens` per row with the model's KV cache, in the caller's role.
 
@@ -92,7 +77,8 @@ def generate(
     (untruncated) tempered policy, computed from the decoding logits in at least float32 exactly as
     a full forward computes it (`stack.token_logprobs`), so it serves as log π_old. With
     `stack.share_prompts`, each distinct prompt is prefilled once and its cache shared by its
-    samples (models/prefix.py).
+    samples (models/prefix.py). `all_done(finished here) -> stop`: with a sharded base every forward
+    is a collective, so decoding stops only when every process is done (`DistContext.all_done`).
     """
     model = stack.lm
     attention = prompt_mask.long()
@@ -114,7 +100,8 @@ def generate(
         masks.append(~done)
         tokens.append(token)
         done = done | (token == eos_id)
-        if _all_done(done) or t == max_new_tokens - 1:
+        finished = bool(done.all())
+        if (finished if all_done is None else all_done(finished)) or t == max_new_tokens - 1:
             break
         attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
         position = position + 1
@@ -123,3 +110,34 @@ def generate(
         ).logits
     return Generation(torch.stack(tokens, dim=1), torch.stack(masks, dim=1),
                       torch.stack(lps, dim=1) if logprobs else None)
+
+
+@dataclass
+class HFEngine:
+    """Decodes from the policy stack itself under the request's role (`generate` above)."""
+
+    stack: PolicyStack
+    eos_id: int
+    pad_id: int
+    dist: DistContext = SINGLE
+    name: str = "hf"
+
+    @torch.no_grad()
+    def generate(self, request: GenerationRequest) -> Generation:
+        g, settings, device = request.num_samples, request.settings, self.stack.lm.device
+        ids = request.prompt_ids.to(device).repeat_interleave(g, 0)
+        mask = request.prompt_mask.to(device).repeat_interleave(g, 0)
+        uniforms = None if request.keys is None else key_uniforms(request.keys, settings.max_new_tokens).to(ids.device)
+        with self.stack.use(request.role):
+            return generate(self.stack, ids, mask, max_new_tokens=settings.max_new_tokens, eos_id=self.eos_id,
+                            pad_id=self.pad_id, temperature=settings.temperature, top_p=settings.top_p,
+                            uniforms=uniforms, logprobs=request.logprobs, all_done=self.dist.all_done)
+
+    def sync(self, stack: Any) -> None:
+        """Nothing to push: every call samples from the stack's current adapters."""
+
+
+@register_engine("hf")
+def hf_engine(*, stack: PolicyStack, tokenizer: Any, config: Any = None, dist: DistContext = SINGLE) -> HFEngine:
+    """The `hf` engine of a run: the stack, the tokenizer's EOS and pad ids, the run's collectives."""
+    return HFEngine(stack, tokenizer.eos_token_id, tokenizer.pad_token_id, dist)

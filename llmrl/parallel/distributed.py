@@ -109,6 +109,11 @@ class DistContext:
         """True when `flag` is True on at least one rank."""
         return bool(flag) if not self.active else self.sum_floats([float(bool(flag))])[0] > 0
 
+    def all_done(self, finished: bool) -> bool:
+        """Whether decoding may stop: `finished` here, or, with a sharded base (`lockstep`: every
+        forward is a collective), only when every rank is finished."""
+        return finished if not self.lockstep else not self.any(not finished)
+
     def gather_rows(self, x: Tensor) -> Tensor:
         """Concatenate every rank's equally shaped `x` along dim 0, in rank order."""
         if not self.active:
@@ -275,10 +280,7 @@ def init(device: str, timeout_s: float) -> DistContext:
 
 
 def shutdown(ctx: DistContext) -> None:
-    """Leave the process group; decoding is no longer kept in step with other ranks (fsdp.py)."""
-    from ..engine import sampling  # late: sampling imports the model stack
-
-    sampling.LOCKSTEP = None
+    """Leave the process group."""
     if ctx.active and dist.is_initialized():
         dist.destroy_process_group()
 

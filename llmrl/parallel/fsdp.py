@@ -9,7 +9,7 @@ ordinary replicated tensors, so gradient summing (distributed.py), clipping, the
 checkpoints and the saved adapters work exactly as in an unsharded data-parallel run.
 
 What sharding adds: every forward is now a collective, so every process must run the same number
-of them. Decoding stops only when every row on every process is done (`sampling.LOCKSTEP`), the
+of them. Decoding stops only when every row on every process is done (`DistContext.all_done`), the
 update pads a process's micro-batches with zero-weight ones up to the most any process runs
 (`DistContext.lockstep`), and evaluation runs all held-out prompts on every process.
 """
@@ -28,15 +28,14 @@ from ..models.stack import PolicyStack
 
 def shard_base(stack: PolicyStack, dist: DistContext) -> DistContext:
     """Apply fully_shard to every decoder layer of `stack` (adapters excluded); returns the context
-    with `lockstep` set, which the trainer uses from then on."""
+    with `lockstep` set, which the run passes on to everything that makes collective forwards
+    (the engine, the update, evaluation)."""
     if stack.critic_shortcut:
         raise ConfigError("'lora.critic_layers' runs the critic from a layer in the middle of the sharded decoder, "
                           "which 'dist.shard_base' does not support; set lora.critic_shortcut=false or leave one off.")
     if not dist.active:
         raise ConfigError("'dist.shard_base' shards the base over the processes of a torchrun run; "
                           "launch with --nproc N (N ≥ 2) or torchrun, or leave it off.")
-    from ..engine import sampling
-
     trainable = {p for role in stack.trainable_roles() for p in stack.parameters_of(role)}
     # the mesh on the run's device: FSDP's default is the machine's accelerator, which would move a
     # CPU (gloo) run's layers to a GPU whenever the machine has one
@@ -44,5 +43,4 @@ def shard_base(stack: PolicyStack, dist: DistContext) -> DistContext:
     for layer in stack.lm.get_decoder().layers:
         fully_shard(layer, mesh=mesh, ignored_params={p for p in layer.parameters() if p in trainable})
     stack.share_prompts = False  # every forward is a collective: all ranks must make the same calls
-    sampling.LOCKSTEP = replace(dist, lockstep=True)
-    return sampling.LOCKSTEP
+    return replace(dist, lockstep=True)

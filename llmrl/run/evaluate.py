@@ -1,5 +1,6 @@
 """evaluate: greedy accuracy and mean reward of the actor on held-out prompts; evaluate_sampled:
-K sampled completions per prompt and the unbiased pass@k estimator."""
+K sampled completions per prompt and the unbiased pass@k estimator. Both generate through an
+engine (engines/), like the training step."""
 
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from ..models.stack import PolicyStack
-from ..step.score import score
-from ..step.forward import decode, encode_prompts
-from ..engines.hf import generate, row_uniforms
+from ..engines.base import GenerationEngine, GenerationRequest, SamplingSettings, row_keys
+from ..step.generate import decode, encode_prompts
+from ..step.score import score_texts
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class EvalResult:
 
 @torch.no_grad()
 def evaluate(
-    stack: PolicyStack,
+    engine: GenerationEngine,
     tokenizer: PreTrainedTokenizerBase,
     rows: Sequence[dict[str, Any]],
     reward_fn: Callable[..., Sequence[float]],
@@ -34,16 +34,14 @@ def evaluate(
     batch_size: int = 256,
     role: str = "actor",
 ) -> EvalResult:
-    """Greedy-decode every row's prompt in batches and score the completions."""
+    """Greedy-decode every row's prompt in batches (under `role`) and score the completions."""
     completions: list[str] = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
-        ids, mask = encode_prompts(tokenizer, [r["prompt"] for r in chunk], stack.lm.device)
-        with stack.use(role):
-            gen = generate(stack, ids, mask, max_new_tokens=max_new_tokens,
-                           eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+        ids, mask = encode_prompts(tokenizer, [r["prompt"] for r in chunk], torch.device("cpu"))
+        gen = engine.generate(GenerationRequest(ids, mask, 1, SamplingSettings(max_new_tokens), role=role))
         completions += decode(tokenizer, gen.response_ids, gen.response_mask)
-    rewards = score(reward_fn, rows, completions) if rows else torch.zeros(0)
+    rewards = score_texts(reward_fn, rows, completions) if rows else torch.zeros(0)
     n = max(len(rows), 1)
     return EvalResult(float((rewards >= success).sum()) / n, float(rewards.sum()) / n, completions)
 
@@ -83,7 +81,7 @@ EVAL_STEP = -1
 
 @torch.no_grad()
 def evaluate_sampled(
-    stack: PolicyStack,
+    engine: GenerationEngine,
     tokenizer: PreTrainedTokenizerBase,
     rows: Sequence[dict[str, Any]],
     reward_fn: Callable[..., Sequence[float]],
@@ -108,15 +106,13 @@ def evaluate_sampled(
     texts: list[str] = []
     for start in range(0, len(prompts), batch_size):
         stop = start + batch_size
-        ids, mask = encode_prompts(tokenizer, prompts[start:stop], stack.lm.device)
-        u = row_uniforms(seed, EVAL_STEP, prompt_index[start:stop], sample_index[start:stop], max_new_tokens)
-        with stack.use(role):
-            gen = generate(stack, ids, mask, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id,
-                           pad_id=tokenizer.pad_token_id, temperature=temperature, top_p=top_p,
-                           uniforms=u.to(stack.lm.device))
+        ids, mask = encode_prompts(tokenizer, prompts[start:stop], torch.device("cpu"))
+        keys = row_keys(seed, EVAL_STEP, prompt_index[start:stop], sample_index[start:stop])
+        settings = SamplingSettings(max_new_tokens, temperature, top_p)
+        gen = engine.generate(GenerationRequest(ids, mask, 1, settings, keys, role=role))
         texts += decode(tokenizer, gen.response_ids, gen.response_mask)
     expanded = [r for r in rows for _ in range(samples)]
-    rewards = score(reward_fn, expanded, texts) if rows else torch.zeros(0)
+    rewards = score_texts(reward_fn, expanded, texts) if rows else torch.zeros(0)
     correct = (rewards >= success).view(len(rows), samples).sum(1).tolist() if rows else []
     ks = sorted({1, samples})
     pass_at = {k: sum(pass_at_k(samples, c, k) for c in correct) / max(len(rows), 1) for k in ks}

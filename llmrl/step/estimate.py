@@ -1,62 +1,68 @@
-"""shape + estimate: scores and KL → per-token rewards → advantages and returns."""
+"""estimate: `Scores` and `Forwards` → per-token rewards → `Targets` (advantages, returns).
+
+    r_t = score·[t = last token] − β·KL_t (the KL term only when kl.placement = 'reward')
+    advantages, returns = estimator(r, mask, groups, V_old, greedy baseline, γ, λ, n)   (registry, by name)
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from .records import RolloutBatch
 from ..config.schema import EstimatorConfig, KLConfig
-from ..parallel.distributed import SINGLE, DistContext
-from ..estimators import EstimatorInput, EstimatorOutput, EstimatorSpec
+from ..estimators import EstimatorInput, EstimatorSpec
 from ..losses import kl_penalty
-from ..ops import last_token_index, masked_sum, whiten
+from ..ops import last_token_index, masked_sum
+from ..parallel.distributed import SINGLE, DistContext
+from .records import Forwards, Samples, Scores, Targets
 
 
-def token_kl(batch: RolloutBatch, estimator: str) -> Tensor | None:
-    """(N, T) per-token KL(π_old‖π_ref) estimate, 0 where masked; None without reference log-probs."""
-    if batch.ref_logprobs is None:
+def token_kl(logprobs: Tensor | None, ref_logprobs: Tensor | None, mask: Tensor, estimator: str) -> Tensor | None:
+    """(N, T) per-token KL(π‖π_ref) estimate of the sampled tokens, 0 where masked; None without
+    reference (or policy) log-probs."""
+    if ref_logprobs is None or logprobs is None:
         return None
-    kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, estimator)
-    return torch.where(batch.response_mask, kl, torch.zeros_like(kl))
+    kl = kl_penalty(logprobs, ref_logprobs, estimator)
+    return torch.where(mask, kl, torch.zeros_like(kl))
 
 
-def shape_rewards(batch: RolloutBatch, beta: float, kl: KLConfig) -> Tensor:
-    """r_t = score·[t = last token] − β·KL_t (the KL term only when `kl.placement == 'reward'`): (N, T)."""
-    assert batch.scores is not None
-    rewards = torch.zeros_like(batch.old_logprobs)
-    rows = torch.arange(batch.rows, device=rewards.device)
-    rewards[rows, last_token_index(batch.response_mask)] = batch.scores.to(rewards.dtype)
-    per_token = token_kl(batch, kl.estimator)
-    if kl.placement == "reward" and per_token is not None and beta > 0:
-        rewards = rewards - beta * per_token
-    return torch.where(batch.response_mask, rewards, torch.zeros_like(rewards))
+def shape_rewards(samples: Samples, scores: Scores, forwards: Forwards, beta: float, kl: KLConfig) -> Tensor:
+    """r_t = score·[t = last token] − β·KL_t(π_old‖π_ref) (the KL term only when `kl.placement ==
+    'reward'`): (N, T) in the log-probs' dtype."""
+    mask = samples.response_mask
+    rewards = torch.zeros(mask.shape, dtype=forwards.dtype, device=mask.device)
+    rows = torch.arange(samples.n, device=rewards.device)
+    rewards[rows, last_token_index(mask)] = scores.scores.to(rewards.dtype)
+    if kl.placement == "reward" and beta > 0:
+        per_token = token_kl(forwards.old_logprobs, forwards.ref_logprobs, mask, kl.estimator)
+        if per_token is not None:
+            rewards = rewards - beta * per_token
+    return torch.where(mask, rewards, torch.zeros_like(rewards))
 
 
-def estimate(spec: EstimatorSpec, batch: RolloutBatch, token_rewards: Tensor, cfg: EstimatorConfig,
-             dist: DistContext = SINGLE) -> EstimatorOutput:
-    """Run the estimator on the batch; whiten the advantages over the batch when asked (over the
+def estimate(spec: EstimatorSpec, samples: Samples, scores: Scores, forwards: Forwards, token_rewards: Tensor,
+             cfg: EstimatorConfig, dist: DistContext = SINGLE) -> Targets:
+    """Run the estimator on the step; whiten the advantages over the batch when asked (over the
     global batch of every rank in a data-parallel run: estimators themselves are per row or per
     group, and a group never spans ranks)."""
     out = spec.fn(
         EstimatorInput(
             token_rewards=token_rewards,
-            response_mask=batch.response_mask,
-            group_size=batch.group_size,
-            values=batch.values,
-            baseline_scores=batch.baseline_scores,
+            response_mask=samples.response_mask,
+            group_size=samples.group_size,
+            values=forwards.values,
+            baseline_scores=scores.baseline,
             gamma=cfg.gamma,
             lam=cfg.lam,
             n_step=cfg.n_step,
         )
     )
-    if cfg.whiten:
-        white = dist.whiten(out.advantages, batch.response_mask) if dist.active else whiten(out.advantages, batch.response_mask)
-        out = EstimatorOutput(white, out.returns, out.stats)
-    return out
+    advantages = dist.whiten(out.advantages, samples.response_mask) if cfg.whiten else out.advantages
+    return Targets(token_rewards, advantages, out.returns, out.stats)
 
 
-def sequence_kl(batch: RolloutBatch) -> float | None:
-    """Mean over rows of Σ_t k1_t: the per-sequence KL to the reference that is logged and controlled."""
-    per_token = token_kl(batch, "k1")
-    return None if per_token is None else masked_sum(per_token, batch.response_mask, dim=-1).mean().item()
+def sequence_kl(logprobs: Tensor | None, ref_logprobs: Tensor | None, mask: Tensor) -> float | None:
+    """Mean over rows of Σ_t k1_t: the per-sequence KL to the reference that is logged and controlled
+    (one process; `DistContext.sequence_kl` is the global one)."""
+    per_token = token_kl(logprobs, ref_logprobs, mask, "k1")
+    return None if per_token is None else masked_sum(per_token, mask, dim=-1).mean().item()

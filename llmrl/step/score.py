@@ -1,4 +1,4 @@
-"""score: completions → one float each, through the task's reward function, checked."""
+"""score: `Samples` → `Scores`, one float per completion through the task's reward function, checked."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from ..errors import RunFailed
+from .records import Samples, Scores
 
 
 def _name(fn: Callable[..., Any]) -> str:
@@ -21,7 +22,18 @@ class RewardFailed(RunFailed):
     consistent = True
 
 
-def score(reward_fn: Callable[..., Sequence[float]], rows: Sequence[dict[str, Any]], completions: Sequence[str]) -> Tensor:
+def score(samples: Samples, reward_fn: Callable[..., Sequence[float]], device: torch.device) -> Scores:
+    """The reward of every sampled completion, its terms, and of each greedy completion when the
+    samples hold them (repeated over the prompt's G rows): the `Scores` of the step, on `device`."""
+    total, parts = score_parts(reward_fn, samples.expanded_rows(), samples.completions)
+    baseline = None
+    if samples.greedy_completions is not None:
+        greedy = score_texts(reward_fn, samples.rows, samples.greedy_completions)
+        baseline = greedy.repeat_interleave(samples.group_size).to(device)
+    return Scores(total.to(device), parts, baseline)
+
+
+def score_texts(reward_fn: Callable[..., Sequence[float]], rows: Sequence[dict[str, Any]], completions: Sequence[str]) -> Tensor:
     """(N,) float32 rewards for row-aligned `rows` (dicts with 'prompt' and extra columns).
 
     The reward function is called as `reward_fn(prompts, completions, **columns)`. A function that

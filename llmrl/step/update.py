@@ -1,11 +1,12 @@
-"""update: PPO epochs × minibatches, an actor pass and a critic pass per minibatch.
+"""update: `TrainRows` + `Targets` → `UpdateResult`: PPO epochs × minibatches, an actor pass and a
+critic pass per minibatch.
 
 Each pass runs under its own adapter (`stack.use(role)`), splits its minibatch into micro-batches
 (gradient accumulation with exact normalisation), clips the gradient norm and steps its own AdamW.
 A pass whose loss or gradient is not finite is skipped and counted.
 
 LoRA dropout (`lora.dropout`) is active in the update's gradient forwards only (`stack.dropout_active()`
-around each pass and around `critic_forward`); the rollout's forwards ran without it. So with
+around each pass, and around the kept-graph critic forward of `forward.forward`); the rollout's forwards ran without it. So with
 dropout > 0 and separate rollout forwards, the first minibatch's ratio π_θ/π_old is that of a
 dropout-masked forward to the deterministic policy that sampled (not exactly 1), and its values are
 a masked forward's. The on-policy shortcuts take π_old and V_old from the masked update forward
@@ -22,26 +23,17 @@ world size 1 all of this is the single-process update.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from .records import RolloutBatch
 from ..config.schema import KLConfig, UpdateConfig
 from ..losses import aggregate, entropy_from_logprobs, kl_penalty, policy_loss, value_loss
+from ..models.stack import PolicyStack, at_least_float32
 from ..parallel.distributed import SINGLE, DistContext
-from ..models.stack import PolicyStack, layout
+from .forward import sequences
 from .grad_stats import GradMoments
-from .forward import critic_values
-
-
-@dataclass
-class Targets:
-    """What the update fits: advantages (N, T) for the actor, returns (N, T) | None for the critic."""
-
-    advantages: Tensor
-    returns: Tensor | None
+from .records import Targets, TrainRows, UpdateResult
 
 
 def make_optimizers(stack: PolicyStack, cfg: UpdateConfig) -> dict[str, torch.optim.Optimizer]:
@@ -76,16 +68,16 @@ def _token_share(mask: Tensor, totals: dict[str, float]) -> float:
     return float(mask.sum()) / totals["total_tokens"]
 
 
-def _actor_loss(stack: PolicyStack, mb: RolloutBatch, adv: Tensor, cfg: UpdateConfig, kl: KLConfig,
+def _actor_loss(stack: PolicyStack, mb: TrainRows, adv: Tensor, cfg: UpdateConfig, kl: KLConfig,
                 beta: float, temperature: float, totals: dict[str, float],
-                on_policy: bool = False) -> tuple[Tensor, dict[str, float]]:
-    seq = layout(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)
-    logp = torch.log_softmax(stack.response_logits(seq, temperature), dim=-1)  # (N, T, V), once for both uses
+                on_policy: bool = False) -> tuple[Tensor, dict[str, float], Tensor]:
+    """The micro-batch's actor loss, its stats, and the log π_old it used (N_mb, T)."""
+    logp = torch.log_softmax(stack.response_logits(sequences(mb), temperature), dim=-1)  # (N, T, V), once for both uses
     lp = logp.gather(-1, mb.response_ids.unsqueeze(-1)).squeeze(-1)
     mask = mb.response_mask
-    if on_policy:  # exactly on-policy: π_old = the current policy, detached
-        mb.old_logprobs = torch.where(mask, lp.detach(), torch.zeros_like(lp))
-    pl = policy_loss(lp, mb.old_logprobs, adv, mask, cfg.clip_eps, cfg.clip_eps_high, cfg.dual_clip, cfg.loss_agg, **totals)
+    # exactly on-policy: π_old = the current policy, detached
+    old = torch.where(mask, lp.detach(), torch.zeros_like(lp)) if on_policy else mb.old_logprobs
+    pl = policy_loss(lp, old, adv, mask, cfg.clip_eps, cfg.clip_eps_high, cfg.dual_clip, cfg.loss_agg, **totals)
     loss = pl.loss
     with torch.set_grad_enabled(cfg.ent_coef > 0 and torch.is_grad_enabled()):  # logged only: no graph
         entropy = entropy_from_logprobs(logp)
@@ -98,40 +90,29 @@ def _actor_loss(stack: PolicyStack, mb: RolloutBatch, adv: Tensor, cfg: UpdateCo
     share = _token_share(mask, totals)
     stats = {"policy_loss": pl.loss.item(), "entropy": ent.item(), "clip_frac": pl.clip_frac.item() * share,
              "approx_kl": pl.approx_kl.item() * share}
-    return loss, stats
+    return loss, stats, old
 
 
-def critic_forward(stack: PolicyStack, batch: RolloutBatch) -> Tensor:
-    """V(s_t) of every row, (N, T), with its graph (`update.on_policy_values`): the critic's update
-    forward, run before the advantages, which need its values; sets `batch.values` (detached, 0
-    where masked) so the rollout's no-grad critic forward is not needed. As a gradient forward it runs
-    with LoRA dropout active, so with `lora.dropout` > 0 these V_old carry its dropout mask."""
-    with stack.dropout_active():
-        v = critic_values(stack, batch)
-    batch.values = torch.where(batch.response_mask, v.detach(), torch.zeros_like(v))
-    return v
-
-
-def _critic_loss(stack: PolicyStack, mb: RolloutBatch, returns: Tensor, cfg: UpdateConfig,
-                 totals: dict[str, float], v: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+def _critic_loss(stack: PolicyStack, mb: TrainRows, returns: Tensor, cfg: UpdateConfig,
+                 totals: dict[str, float], v: Tensor | None = None) -> tuple[Tensor, dict[str, float], None]:
     """vf_coef · value loss of the micro-batch; `v`: its values already computed (with graph)."""
     assert mb.values is not None
     if v is None:
-        v = stack.values(layout(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask), mb.base_hidden)
+        v = stack.values(sequences(mb), mb.base_hidden)
     vl = value_loss(v, mb.values, returns, mb.response_mask, cfg.value_clip, cfg.loss_agg, **totals)
-    return cfg.vf_coef * vl, {"value_loss": vl.item()}
+    return cfg.vf_coef * vl, {"value_loss": vl.item()}, None
 
 
-def _pass(role: str, stack: PolicyStack, opt: torch.optim.Optimizer, batch: RolloutBatch, rows: Tensor,
+def _pass(role: str, stack: PolicyStack, opt: torch.optim.Optimizer, batch: TrainRows, rows: Tensor,
           totals: dict[str, float], target: Tensor, cfg: UpdateConfig, loss_fn, keys: tuple[str, ...],
           moments: GradMoments | None = None, dist: DistContext = SINGLE, lockstep: int = 0,
-          fill_old: bool = False) -> dict[str, float]:
+          fill_old: Tensor | None = None) -> dict[str, float]:
     """Accumulate gradients over micro-batches of `rows` (this rank's rows of the minibatch, whose
     global token and row counts are `totals`), sum them over ranks, then one clipped optimizer step.
 
     `moments`, when given, records the finite pre-clip gradient (see grad_stats.py). `lockstep`
     (sharded base only): run zero-weight micro-batches until this many forwards/backwards ran.
-    `fill_old`: copy each micro-batch's old log-probs (set by an on-policy loss) back into `batch`."""
+    `fill_old` (N, T): copy each micro-batch's old log-probs (an on-policy loss computes them) into it."""
     opt.zero_grad(set_to_none=True)
     stats: dict[str, float] = defaultdict(float)
     finite = True
@@ -142,9 +123,9 @@ def _pass(role: str, stack: PolicyStack, opt: torch.optim.Optimizer, batch: Roll
             (0.0 * loss_fn(batch.select(one), target[one], totals, one)[0]).backward()
         for micro in micros:
             mb = batch.select(micro)
-            loss, s = loss_fn(mb, target[micro], totals, micro)
-            if fill_old:
-                batch.old_logprobs[micro] = mb.old_logprobs.to(batch.old_logprobs.dtype)
+            loss, s, old = loss_fn(mb, target[micro], totals, micro)
+            if fill_old is not None:
+                fill_old[micro] = old.to(fill_old.dtype)
             finite &= bool(torch.isfinite(loss))
             if finite or dist.lockstep:  # a sharded backward is a collective: run it (its grads are dropped)
                 loss.backward()
@@ -167,34 +148,36 @@ def _pass(role: str, stack: PolicyStack, opt: torch.optim.Optimizer, batch: Roll
     return stats
 
 
-def update(stack: PolicyStack, opts: dict[str, torch.optim.Optimizer], batch: RolloutBatch, targets: Targets,
+def update(stack: PolicyStack, opts: dict[str, torch.optim.Optimizer], batch: TrainRows, targets: Targets,
            cfg: UpdateConfig, kl: KLConfig, beta: float, temperature: float, generator: torch.Generator,
-           dist: DistContext = SINGLE, on_policy: bool = False, critic_values: Tensor | None = None) -> dict[str, float]:
-    """Fit the actor (and critic) to one rollout batch; returns minibatch-averaged statistics
-    plus the actor's gradient noise across minibatches (grad_stats.py).
+           dist: DistContext = SINGLE, on_policy: bool = False, critic_values: Tensor | None = None) -> UpdateResult:
+    """Fit the actor (and critic) to one step's rows; returns minibatch-averaged statistics plus the
+    actor's gradient noise across minibatches (grad_stats.py).
 
     In a data-parallel run `batch` is this rank's rows [r·n, (r+1)·n) of the global batch of
     n·W rows, and every rank must call this with the same generator state. `on_policy` (see
-    `config.load.on_policy_update`; the rollout then left `batch.old_logprobs` at 0): the actor's
-    own forward provides log π_old, detached, and writes it back into `batch` (for the logged KL);
+    `config.load.on_policy_update`; then `batch.old_logprobs` is None): the actor's own forward
+    provides log π_old, detached, returned in `UpdateResult.old_logprobs` (for the logged KL);
     with LoRA dropout that forward's mask is in it, and the ratio is still exactly 1.
-    `critic_values` (N, T) with graph (`critic_forward`, one pass of all rows only): the critic pass
-    runs first and backpropagates through these values instead of a new forward."""
+    `critic_values` (N, T) with graph (`Forwards.value_graph`, one pass of all rows only): the critic
+    pass runs first and backpropagates through these values instead of a new forward."""
     history: dict[str, list[float]] = defaultdict(list)
     moments = GradMoments()
     actor_fn = lambda mb, adv, totals, _: _actor_loss(stack, mb, adv, cfg, kl, beta, temperature, totals, on_policy)  # noqa: E731
     critic_fn = lambda mb, ret, totals, rows: _critic_loss(  # noqa: E731
         stack, mb, ret, cfg, totals, None if critic_values is None else critic_values[rows])
     row_tokens = dist.gather_rows(batch.response_mask.sum(-1))  # (N_global,) tokens per row
-    micros = lambda rows: _most_micro_batches(rows, batch.rows, dist.world_size, cfg.micro_batch_size) if dist.lockstep else 0  # noqa: E731
+    micros = lambda rows: _most_micro_batches(rows, batch.n, dist.world_size, cfg.micro_batch_size) if dist.lockstep else 0  # noqa: E731
+    computed = (torch.zeros(batch.response_ids.shape, dtype=at_least_float32(stack.lm.dtype),
+                            device=batch.response_ids.device) if on_policy else None)
     for _ in range(cfg.epochs):
-        order = torch.randperm(batch.rows * dist.world_size, generator=generator).to(batch.response_ids.device)
+        order = torch.randperm(batch.n * dist.world_size, generator=generator).to(batch.response_ids.device)
         for rows in order.split(cfg.minibatch_size):
             totals = {"total_tokens": float(row_tokens[rows].sum().clamp(min=1)), "total_seqs": float(len(rows))}
-            mine = dist.local_rows(rows, batch.rows)
+            mine = dist.local_rows(rows, batch.n)
             most = micros(rows)
             actor = lambda: _pass("actor", stack, opts["actor"], batch, mine, totals, targets.advantages,  # noqa: E731
-                                  cfg, actor_fn, ACTOR_STATS, moments, dist, most, fill_old=on_policy)
+                                  cfg, actor_fn, ACTOR_STATS, moments, dist, most, fill_old=computed)
             critic = lambda: _pass("critic", stack, opts["critic"], batch, mine, totals, targets.returns,  # noqa: E731
                                    cfg, critic_fn, CRITIC_STATS, None, dist, most)
             with_critic = "critic" in opts and targets.returns is not None
@@ -205,4 +188,4 @@ def update(stack: PolicyStack, opts: dict[str, torch.optim.Optimizer], batch: Ro
                     history[k].append(v)
     stats = {k: sum(v) / len(v) for k, v in history.items() if not k.endswith("_skipped")}
     stats["skipped_updates"] = sum(sum(v) for k, v in history.items() if k.endswith("_skipped"))
-    return {**stats, **moments.stats("actor")}
+    return UpdateResult({**stats, **moments.stats("actor")}, computed)

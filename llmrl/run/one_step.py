@@ -1,0 +1,119 @@
+"""One training step: the chain of verbs, each timed, and the metrics row made from their records.
+
+    samples   = generate(engine, prompts)              # G responses each (+ greedy ones for ReMax)
+    scores    = score(samples, reward)                 # the task's reward, checked
+    forwards  = forward(stack, samples, plan)          # old / ref log-probs, values, kept hidden state
+    targets   = estimate(estimator, shape_rewards(…))  # advantages, returns (registry, by name)
+    result    = update(stack, rows, targets)           # PPO epochs × minibatches, actor and critic passes
+    engine.sync(stack)                                 # the actor's weights changed
+    β         = kl_controller.update(KL)
+
+Every collective of a data-parallel run is a call on `s.dist` inside a verb or a `parallel.stats`
+function; with one process each is the identity, so this reads as the single-process step.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+
+from ..parallel.stats import batch_means, sequence_kl
+from ..step.estimate import estimate, shape_rewards, token_kl
+from ..step.forward import forward
+from ..step.generate import generate
+from ..step.records import TrainRows
+from ..step.score import score
+from ..step.update import update
+from .completions import due, sample_rows
+from .data import stream_digest
+from .session import Session
+
+PHASES = ("generate", "score", "forward", "estimate", "update", "sync")
+"""The timed phases of a step; each is logged as `time_<phase>_s` in every metrics row."""
+
+
+class PhaseClock:
+    """Wall seconds of each named phase (the GPU synchronised around each on CUDA, so a phase's
+    queued kernels are counted in it)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.seconds: dict[str, float] = {}
+        self._cuda = device.type == "cuda"
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        if self._cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        yield
+        if self._cuda:
+            torch.cuda.synchronize()
+        self.seconds[phase] = time.perf_counter() - start
+
+    def row(self) -> dict[str, float]:
+        return {f"time_{p}_s": self.seconds.get(p, 0.0) for p in PHASES}
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What a step leaves behind: its metrics row and the sampled rows due for completions.jsonl."""
+
+    row: dict[str, Any]
+    logged: list[dict[str, Any]]
+
+
+def run_step(s: Session, step: int) -> StepReport:
+    """One generate → score → forward → estimate → update step (0-based `step`)."""
+    started = time.perf_counter()
+    cfg, plan, device = s.config, s.plan, s.stack.lm.device
+    clock = PhaseClock(device)
+    index = s.sampler.indices(step)
+    mine = index[s.dist.shard(len(index))]  # this rank's prompts (all of them in a single process)
+    rows = [s.task.train[i] for i in mine.tolist()]
+    with clock("generate"):
+        samples = generate(s.engine, s.tokenizer, rows, mine, cfg=cfg.rollout, seed=cfg.seed, step=step,
+                           device=device, logprobs=plan.old_logprobs and plan.from_generation, greedy=plan.greedy)
+    with clock("score"):
+        scores = s.dist.agree(lambda: score(samples, s.task.reward, device))
+    with clock("forward"):
+        forwards = forward(s.stack, samples, plan, cfg.rollout.temperature)
+    beta = s.kl.beta
+    with clock("estimate"):
+        targets = estimate(s.spec, samples, scores, forwards, shape_rewards(samples, scores, forwards, beta, cfg.kl),
+                           cfg.estimator, s.dist)
+    with clock("update"):
+        result = update(s.stack, s.opts, TrainRows.of(samples, forwards), targets, cfg.update, cfg.kl, beta,
+                        cfg.rollout.temperature, s.generator, s.dist, on_policy=not plan.old_logprobs,
+                        critic_values=forwards.value_graph)
+    with clock("sync"):
+        s.engine.sync(s.stack)
+    old = forwards.old_logprobs if forwards.old_logprobs is not None else result.old_logprobs
+    mask = samples.response_mask
+    kl = sequence_kl(s.dist, token_kl(old, forwards.ref_logprobs, mask, "k1"), mask)
+    if kl is not None:
+        s.kl.update(kl, samples.n * s.dist.world_size)
+    row = {
+        "step": step + 1,
+        "kl": kl,
+        "beta": beta,
+        **result.stats,
+        **batch_means(s.dist, scores.scores, scores.parts, mask, targets.advantages, targets.stats),
+        "prompts_seen": (step + 1) * cfg.rollout.prompts_per_step,
+        "prompt_digest": f"{stream_digest(step * cfg.rollout.prompts_per_step, index):016x}",
+        "step_time_s": time.perf_counter() - started,
+        **clock.row(),
+    }
+    # the batch's first rows are rank 0's first rows: rank 0 logs the same samples as one process
+    logged = (sample_rows(step + 1, rows, samples.completions, scores.scores, samples.group_size,
+                          cfg.log.completions_rows)
+              if s.dist.is_main and due(step + 1, cfg.log.completions_every) else [])
+    return StepReport(row, logged)
+
+
+def train_step(s: Session, step: int) -> dict[str, Any]:
+    """`run_step`'s metrics row."""
+    return run_step(s, step).row

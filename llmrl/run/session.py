@@ -1,0 +1,154 @@
+"""setup: everything a run builds once — task, model stack, engine, plan, optimizers, run folder."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from transformers import PreTrainedTokenizerBase
+
+from ..algos import preset_for
+from ..config import Config
+from ..config.load import on_policy_update, on_policy_values
+from ..engines import GenerationEngine, build_engine
+from ..errors import ConfigError
+from ..estimators import EstimatorSpec, get_estimator, import_user_module
+from ..kl_control import KLController
+from ..models.load import load_base
+from ..models.prompts import apply_chat_setting, tokenize_prompts
+from ..models.stack import PolicyStack
+from ..parallel.distributed import SINGLE, DistContext
+from ..parallel.stats import shared_evaluation
+from ..step.forward import generation_logprobs
+from ..step.records import StepPlan
+from ..step.update import make_optimizers
+from ..tasks import Task, task_from_config
+from .data import PromptSampler
+from .evaluate import EvalResult, evaluate
+from .folder import ReaderFolder, RunFolder
+from .reporting import Reporter
+
+
+@dataclass(frozen=True)
+class Session:
+    """Everything a run sets up once (the optimizers, KL controller, sampler and generator hold the
+    state that changes from step to step, and that a checkpoint saves)."""
+
+    config: Config
+    task: Task
+    tokenizer: PreTrainedTokenizerBase
+    stack: PolicyStack
+    engine: GenerationEngine
+    spec: EstimatorSpec
+    plan: StepPlan
+    opts: dict[str, torch.optim.Optimizer]
+    kl: KLController
+    sampler: PromptSampler
+    folder: RunFolder
+    generator: torch.Generator
+    dist: DistContext = SINGLE  # this process's place in a data-parallel run: every collective goes through it
+
+
+def default_out(config: Config) -> Path:
+    task = Path(config.data.dataset).stem if config.data.dataset else config.task
+    return Path("runs") / f"{config.algo}-{task}-{datetime.now():%Y%m%d-%H%M%S}"
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def resolve_estimator(config: Config) -> EstimatorSpec:
+    if config.estimator.module:
+        import_user_module(config.estimator.module)
+    spec = get_estimator(config.estimator.name or preset_for(config.algo)["estimator.name"])
+    if spec.needs.groups and config.rollout.num_generations < 2:
+        raise ConfigError(f"Estimator '{spec.name}' compares samples of a prompt; set rollout.num_generations ≥ 2.")
+    return spec
+
+
+def plan_for(config: Config, spec: EstimatorSpec, stack: PolicyStack) -> StepPlan:
+    """What each step computes, from the estimator's needs and the settings (never an algorithm's name)."""
+    critic_in_update = spec.needs.critic and on_policy_values(config)
+    return StepPlan(reference=config.kl.beta > 0, critic=spec.needs.critic and not critic_in_update,
+                    greedy=spec.needs.greedy, critic_in_update=critic_in_update, base_hidden=stack.critic_shortcut,
+                    old_logprobs=not on_policy_update(config),
+                    from_generation=generation_logprobs(config.rollout, stack.lm.dtype))
+
+
+def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: bool = False,
+          dist: DistContext = SINGLE) -> Session:
+    """Load the task and model, build the stack, engine and optimizers, create (or reopen) the run folder."""
+    spec = resolve_estimator(config)
+    if config.rollout.prompts_per_step % dist.world_size:
+        raise ConfigError(f"'rollout.prompts_per_step' ({config.rollout.prompts_per_step}) must be divisible by "
+                          f"the number of processes ({dist.world_size}).")
+    task = dist.main_first(lambda: task_from_config(config), local=True)  # a dataset or reward model fills caches once
+    path = dist.broadcast_object(Path(config.out) if config.out else default_out(config))
+    folder = dist.main_only(lambda: RunFolder.open(path) if resume else RunFolder.create(path, overwrite))
+    folder = folder if folder is not None else ReaderFolder(path)
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    base, tokenizer = dist.main_first(lambda: load_base(config.model, show_progress=reporter.interactive), local=True)
+    apply_chat_setting(tokenizer, config.data.chat_template, config.model.name)
+    seed_everything(config.seed)
+    stack = PolicyStack(base, config.lora, with_critic=spec.needs.critic, share_prompts=config.model.share_prompts)
+    dist.broadcast_parameters([p for role in stack.trainable_roles() for p in stack.parameters_of(role)])
+    if config.dist.shard_base:
+        from ..parallel.fsdp import shard_base  # late: only runs that ask for it
+
+        dist = shard_base(stack, dist)
+    check_context(task, tokenizer, base.config, config.rollout.max_new_tokens)
+    engine = build_engine(config.rollout.engine, stack=stack, tokenizer=tokenizer, config=config, dist=dist)
+    if not resume:
+        folder.write_config(config)
+    else:  # a run extended with --steps records its new length: config.yaml stays the recipe of the run
+        dist.main_only(lambda: _record_steps(folder, config))
+    return Session(
+        config, task, tokenizer, stack, engine, spec, plan_for(config, spec, stack), make_optimizers(stack, config.update),
+        KLController(config.kl.beta, config.kl.adaptive, config.kl.target, config.kl.horizon),
+        PromptSampler(len(task.train), config.rollout.prompts_per_step, config.seed), folder,
+        torch.Generator().manual_seed(config.seed + 1), dist,
+    )
+
+
+def _record_steps(folder: RunFolder, config: Config) -> None:
+    """Rewrite RUN/config.yaml when the resumed run's `steps` differ from the stored ones."""
+    stored = yaml.safe_load((folder.path / "config.yaml").read_text()) or {}
+    if stored.get("steps") != config.steps:
+        folder.write_config(config)
+
+
+def check_context(task: Task, tokenizer: PreTrainedTokenizerBase, model_config: Any, max_new_tokens: int) -> None:
+    """Refuse prompts that cannot fit, with the response, in the model's context window."""
+    limit = getattr(model_config.get_text_config(), "max_position_embeddings", None)
+    if not limit:
+        return
+    for split, rows in (("train", task.train), ("eval", task.eval)):
+        lengths = [len(ids) for ids in tokenize_prompts(tokenizer, [r["prompt"] for r in rows]).input_ids]
+        for i, n in enumerate(lengths):
+            if n + max_new_tokens > limit:
+                raise ConfigError(
+                    f"Prompt {i} of the {split} split has {n} tokens; with rollout.max_new_tokens={max_new_tokens} "
+                    f"it exceeds the model's context of {limit} tokens."
+                )
+
+
+def run_eval(s: Session) -> EvalResult | None:
+    """Greedy accuracy and mean reward on the first `eval.size` held-out rows (shared by the processes)."""
+    rows = s.task.eval[: s.config.eval.size]
+    if not rows:
+        return None
+
+    def on(part: Any) -> tuple[float, float, list[str]]:
+        res = evaluate(s.engine, s.tokenizer, part, s.task.reward, max_new_tokens=s.config.rollout.max_new_tokens,
+                       success=s.task.success, batch_size=s.config.eval.batch_size)
+        return res.accuracy, res.reward_mean, res.completions
+
+    return EvalResult(*shared_evaluation(s.dist, rows, on))

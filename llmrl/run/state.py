@@ -1,0 +1,74 @@
+"""The run's state between steps: what a checkpoint holds besides the weights, saving it, restoring
+it for `--resume`, and how a failed run leaves its folder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, NoReturn
+
+from ..errors import LLMRLError, RunFailed
+from .checkpoint import list_checkpoints, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from .evaluate import EvalResult
+from .folder import read_run
+from .session import Session
+
+
+@dataclass
+class Progress:
+    """The loop's running state: newest checkpointed step, non-finite steps in a row."""
+
+    saved: int
+    bad: int = 0
+
+
+def state(s: Session, step: int, before: EvalResult | None, elapsed: float) -> dict[str, Any]:
+    """Everything besides the weights that an exact resume needs."""
+    return {
+        "step": step,
+        "optimizers": {role: opt.state_dict() for role, opt in s.opts.items()},
+        "kl": s.kl.state_dict(),
+        "generator": s.generator.get_state(),
+        "rng": rng_state(),
+        **({"rng_by_rank": s.dist.gather_objects(rng_state())} if s.dist.active else {}),
+        "eval_before": None if before is None else {"accuracy": before.accuracy, "reward_mean": before.reward_mean},
+        "elapsed_s": elapsed,
+    }
+
+
+def restore(s: Session) -> tuple[int, EvalResult | None, float]:
+    """Load the newest checkpoint into the session: (completed steps, eval-before, elapsed seconds)."""
+    found = s.dist.broadcast_object(list_checkpoints(s.folder.path))
+    if not found:
+        raise LLMRLError(f"'{s.folder.path}' has no checkpoint to resume from; start it again with --overwrite.")
+    saved = load_checkpoint(found[-1], s.stack)
+    for role, opt in s.opts.items():
+        opt.load_state_dict(saved["optimizers"][role])
+    s.kl.load_state_dict(saved["kl"])
+    s.generator.set_state(saved["generator"])
+    by_rank = saved.get("rng_by_rank")  # a data-parallel run's per-process RNGs, when the world size matches
+    restore_rng(by_rank[s.dist.rank] if by_rank and len(by_rank) == s.dist.world_size else saved["rng"])
+    s.folder.truncate_metrics(saved["step"])
+    before = saved["eval_before"]
+    result = None if before is None else EvalResult(before["accuracy"], before["reward_mean"], [])
+    return saved["step"], result, float(saved["elapsed_s"])
+
+
+def checkpoint(s: Session, step: int, before: EvalResult | None, elapsed: float) -> None:
+    """Checkpoint after `step` (rank 0 writes; every rank takes part, a write error stops every rank)."""
+    saved = state(s, step, before, elapsed)
+    s.dist.main_only(lambda: save_checkpoint(s.folder.path, step, s.stack, saved, s.config.checkpoint.keep))
+
+
+def fail(s: Session, exc: RunFailed, progress: Progress, before: EvalResult | None,
+         wall: Callable[[], float]) -> NoReturn:
+    """Checkpoint what is consistent, then re-raise `exc` with how to continue."""
+    if exc.consistent:  # every rank raised it (dist.agree), so they can still checkpoint together
+        done = s.dist.broadcast_object(len(read_run(s.folder.path).metrics) if s.dist.is_main else 0)
+        if done > progress.saved:
+            checkpoint(s, done, before, wall())
+            progress.saved = done
+    if not list_checkpoints(s.folder.path):
+        raise RunFailed(f"{exc} No checkpoint was written yet; fix the cause and start again with "
+                        f"--overwrite.") from None
+    raise RunFailed(f"{exc} Training state after step {progress.saved} is checkpointed; fix the cause and "
+                    f"continue with: llmrl train --resume {s.folder.path}") from None
