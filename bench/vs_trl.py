@@ -285,8 +285,9 @@ def bound_run(model: str, reps: int, dtype: str = "float32") -> dict[str, Any]:
 
     from llmrl import load_config
     from llmrl.run.reporting import NullReporter
-    from llmrl.step.forward import RolloutPlan, encode_prompts, masked_logprobs, rollout
     from llmrl.engines.hf import generate, row_uniforms
+    from llmrl.step.forward import masked_logprobs
+    from llmrl.step.generate import encode_prompts, generate as generate_samples
     from llmrl.run.session import setup
     from llmrl.models.stack import layout, token_logprobs
 
@@ -300,8 +301,8 @@ def bound_run(model: str, reps: int, dtype: str = "float32") -> dict[str, Any]:
     tok, stack = s.tokenizer, s.stack
     ids, mask = encode_prompts(tok, [r["prompt"] for r in rows], stack.lm.device)
     ids, mask = ids.repeat_interleave(GENERATIONS, 0), mask.repeat_interleave(GENERATIONS, 0)
-    batch, _ = rollout(stack, tok, rows, torch.arange(PROMPTS), cfg=config.rollout,
-                       plan=RolloutPlan(reference=True, critic=False, greedy=False), reward_fn=s.task.reward, seed=0, step=0)
+    batch = generate_samples(s.engine, tok, rows, torch.arange(PROMPTS), cfg=config.rollout, seed=0, step=0,
+                             device=stack.lm.device)
     out: dict[str, list[float]] = {}
 
     def timed(name: str, fn: Callable[[], Any]) -> Any:

@@ -42,4 +42,6 @@ def warm_tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The built-in tiny model, warm-started for real (≈ 20 s once per session): rewards are non-zero."""
     from llmrl.models.tiny import build_tiny
 
-    return build_tiny(tmp_path_factory.mktemp("warm") / "tiny", show_progress=False)
+    from llmrl.tasks import tiny_corpus
+
+    return build_tiny(tmp_path_factory.mktemp("warm") / "tiny", tiny_corpus(), show_progress=False)

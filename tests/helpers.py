@@ -33,3 +33,8 @@ def digits_task(name: str = "digits", success: float = 1.0):
 
     base = get_task("arithmetic")
     return Task(name, base.train, base.eval, digit_share, success=success)
+
+
+def is_timing(key: str) -> bool:
+    """A metrics-row key that holds wall seconds (`step_time_s`, `time_<phase>_s`): never compared."""
+    return key == "step_time_s" or (key.startswith("time_") and key.endswith("_s"))

@@ -22,7 +22,7 @@ from llmrl.run.reporting import NullReporter
 from llmrl.run.one_step import train_step
 from llmrl.run.session import setup
 from llmrl.tasks import TASKS, Task, get_task
-from tests.helpers import digit_share, digits_task as make_digits_task
+from tests.helpers import digit_share, digits_task as make_digits_task, is_timing
 
 PLOTS = ("reward_vs_step.png", "reward_vs_time.png", "kl_vs_step.png", "accuracy.png")
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -46,7 +46,7 @@ def _compare(*args: str) -> tuple[int, str, str]:
 
 def _metrics(run: Path) -> list[dict]:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k != "step_time_s"} for r in rows]
+    return [{k: v for k, v in r.items() if not is_timing(k)} for r in rows]
 
 
 @pytest.fixture(scope="module")

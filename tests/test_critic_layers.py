@@ -34,7 +34,7 @@ from llmrl.models.stack import PolicyStack, layout
 from llmrl.models.tokenizer import build_char_tokenizer
 from llmrl.models.top_layers import decoder_layers
 from llmrl.tasks import get_task
-from tests.helpers import digit_share
+from tests.helpers import digit_share, is_timing
 from tests.steps import rollout
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -192,7 +192,7 @@ def _config(model: Path, out: Path, **sets) -> dict:
 
 
 def _rows(run: Path) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "step_time_s"} for r in read_run(run).metrics]
+    return [{k: v for k, v in r.items() if not is_timing(k)} for r in read_run(run).metrics]
 
 
 def _weights(run: Path, role: str) -> dict[str, torch.Tensor]:

@@ -43,7 +43,7 @@ from llmrl.model_eval import eval_model
 from llmrl.run.actor import load_actor
 from llmrl.models.tokenizer import build_char_tokenizer
 from llmrl.tasks import TASKS
-from tests.helpers import digits_task
+from tests.helpers import digits_task, is_timing
 from tests.test_distributed import CASES, COMMON, EXACT, _launch, _single
 
 pytestmark = pytest.mark.skipif(
@@ -64,7 +64,7 @@ def _env() -> dict[str, str]:
 
 
 def _rows(run: Path) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "step_time_s"} for r in read_run(run).metrics]
+    return [{k: v for k, v in r.items() if not is_timing(k)} for r in read_run(run).metrics]
 
 
 def _close_rows(got: list[dict], expected: list[dict], rel: float, abs_: float) -> None:

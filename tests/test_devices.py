@@ -22,7 +22,7 @@ from llmrl.parallel.distributed import init
 from llmrl.errors import ConfigError
 from llmrl.run.memory import peak_device_mib
 from llmrl.tasks import TASKS
-from tests.helpers import digits_task
+from tests.helpers import digits_task, is_timing
 
 SMALL = {"rollout.prompts_per_step": 8, "update.minibatch_size": 4, "eval.size": 8, "eval.every": 0,
          "checkpoint.every": 1, "task": "digits", "lora.r": 4, "lora.alpha": 4, "update.lr_actor": 1e-2,
@@ -30,7 +30,7 @@ SMALL = {"rollout.prompts_per_step": 8, "update.minibatch_size": 4, "eval.size":
 
 
 def _rows(run: Path) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "step_time_s"} for r in read_run(run).metrics]
+    return [{k: v for k, v in r.items() if not is_timing(k)} for r in read_run(run).metrics]
 
 
 def _as_if_saved_on_cuda(state_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from llmrl.cli import app
 from llmrl.run.folder import RunFolder
 from llmrl.tasks import TASKS, Task, get_task
-from tests.helpers import digit_share as _digit_share
+from tests.helpers import digit_share as _digit_share, is_timing
 
 SMALL = ["--steps", "4", "--set", "rollout.prompts_per_step=6", "--set", "rollout.num_generations=2",
          "--set", "update.minibatch_size=6", "--set", "eval.size=8", "--set", "eval.every=0",
@@ -66,7 +66,7 @@ def test_completions_are_logged_without_changing_the_run(tiny_model_dir: Path, t
     logged = _train(tiny_model_dir, tmp_path / "on", "--set", "log.completions_every=2", "--set", "log.completions_rows=5")
     _train(tiny_model_dir, tmp_path / "off", "--set", "log.completions_every=0")
     assert not (tmp_path / "off" / "completions.jsonl").exists()
-    strip = lambda rows: [{k: v for k, v in r.items() if k != "step_time_s"} for r in rows]  # noqa: E731
+    strip = lambda rows: [{k: v for k, v in r.items() if not is_timing(k)} for r in rows]  # noqa: E731
     assert strip(_rows(tmp_path / "on" / "metrics.jsonl")) == strip(_rows(tmp_path / "off" / "metrics.jsonl"))
     rows = _rows(tmp_path / "on" / "completions.jsonl")
     assert [r["step"] for r in rows] == [1] * 5 + [2] * 5 + [4] * 5  # step 1, then every 2nd step

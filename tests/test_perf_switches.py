@@ -32,7 +32,7 @@ from llmrl.errors import ConfigError
 from llmrl.models.stack import PolicyStack
 from llmrl.models.tokenizer import build_char_tokenizer
 from llmrl.tasks import get_task
-from tests.helpers import digit_share as _digit_share
+from tests.helpers import digit_share as _digit_share, is_timing
 from tests.conftest import make_tiny_model
 from tests.steps import rollout
 
@@ -207,7 +207,7 @@ def _tiny(model: Path, out: Path, **sets) -> dict:
 
 
 def _rows(run: Path) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "step_time_s"} for r in read_run(run).metrics]
+    return [{k: v for k, v in r.items() if not is_timing(k)} for r in read_run(run).metrics]
 
 
 def test_auto_skips_the_rollout_actor_forward_end_to_end(monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path,
@@ -220,7 +220,7 @@ def test_auto_skips_the_rollout_actor_forward_end_to_end(monkeypatch: pytest.Mon
     assert [r["step"] for r in auto] == [1, 2] and 0 < off[0]["reward_mean"] < 1
     for a, b in zip(off, auto):  # the same samples; losses, KL and gradient norms up to float32 rounding
         for key, value in a.items():
-            if key == "step_time_s":
+            if is_timing(key):
                 continue
             if isinstance(value, float):
                 assert b[key] == pytest.approx(value, abs=1e-5, rel=1e-4), key

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from llmrl.cli import app
-from llmrl.plots import accuracy_points, smooth, wall_clock
+from llmrl.run.plots import accuracy_points, smooth, wall_clock
 from llmrl.run.folder import Run
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+from tests.helpers import is_timing
 
 ARGS = ["--steps", "8", "--set", "rollout.prompts_per_step=16", "--set", "update.minibatch_size=8",
         "--set", "eval.size=32", "--set", "eval.every=0", "--set", "checkpoint.every=2",
@@ -28,7 +29,7 @@ def _env() -> dict[str, str]:
 
 def _metrics(run: Path) -> list[dict]:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k != "step_time_s"} for r in rows]
+    return [{k: v for k, v in r.items() if not is_timing(k)} for r in rows]
 
 
 def test_kill_9_then_resume_is_bit_identical(warm_tiny_dir: Path, tmp_path: Path) -> None:

@@ -9,14 +9,15 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from llmrl.models.tiny import TINY_VERSION, build_tiny, default_cache_dir, ensure_tiny
+from llmrl.tasks import tiny_corpus
 
 
 def test_build_is_deterministic_and_loads_with_transformers(tmp_path: Path) -> None:
-    a = build_tiny(tmp_path / "a", steps=3, show_progress=False)
-    b = build_tiny(tmp_path / "b", steps=3, show_progress=False)
+    a = build_tiny(tmp_path / "a", tiny_corpus(), steps=3, show_progress=False)
+    b = build_tiny(tmp_path / "b", tiny_corpus(), steps=3, show_progress=False)
     wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
-    c = build_tiny(tmp_path / "c", steps=3, seed=1, show_progress=False)
+    c = build_tiny(tmp_path / "c", tiny_corpus(), steps=3, seed=1, show_progress=False)
     wc = load_file(c / "model.safetensors")
     assert any(not torch.equal(wa[k], wc[k]) for k in wa)
     model = AutoModelForCausalLM.from_pretrained(a)
@@ -32,8 +33,8 @@ def test_ensure_tiny_builds_once_then_reuses(tmp_path: Path, monkeypatch) -> Non
 
     calls = []
     real = tiny.build_tiny
-    monkeypatch.setattr(tiny, "build_tiny", lambda out, **kw: calls.append(out) or real(out, steps=2, show_progress=False))
-    first = ensure_tiny(show_progress=False)
-    second = ensure_tiny(show_progress=False)
+    monkeypatch.setattr(tiny, "build_tiny", lambda out, corpus, **kw: calls.append(out) or real(out, corpus, steps=2, show_progress=False))
+    first = ensure_tiny(tiny_corpus, show_progress=False)
+    second = ensure_tiny(tiny_corpus, show_progress=False)
     assert first == second == tmp_path / f"tiny-{TINY_VERSION}"
     assert len(calls) == 1

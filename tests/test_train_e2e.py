@@ -20,7 +20,7 @@ from llmrl.run.reporting import NullReporter
 from llmrl.run.one_step import train_step
 from llmrl.run.session import setup
 from llmrl.tasks import TASKS
-from tests.helpers import digits_task as make_digits_task
+from tests.helpers import digits_task as make_digits_task, is_timing
 
 SMALL = ["--set", "rollout.prompts_per_step=8", "--set", "update.minibatch_size=4", "--set", "eval.size=16"]
 
@@ -45,8 +45,12 @@ def test_train_cli_writes_a_complete_run_folder(tiny_model_dir: Path, tmp_path: 
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     required = {"step", "reward_mean", "kl", "policy_loss", "value_loss", "entropy", "clip_frac",
-                "response_len", "tokens", "step_time_s"}
+                "response_len", "tokens", "step_time_s", "time_generate_s", "time_score_s", "time_forward_s",
+                "time_estimate_s", "time_update_s", "time_sync_s"}
     assert required <= set(rows[0])
+    for r in rows:  # the phases are disjoint parts of the step, and generation and the update take real time
+        phases = [r[k] for k in required if k.startswith("time_")]
+        assert min(phases) >= 0 and sum(phases) <= r["step_time_s"] and r["time_generate_s"] > 0 and r["time_update_s"] > 0
     summary = json.loads((out / "summary.json").read_text())
     for key in ("algo", "steps", "eval_accuracy_before", "eval_accuracy_after", "reward_mean_last",
                 "wall_time_s", "peak_rss_mib"):
@@ -86,7 +90,7 @@ def test_same_seed_same_metrics(tiny_model_dir: Path, tmp_path: Path) -> None:
     for name in ("a", "b"):
         code, _, err = _train(["--model", str(tiny_model_dir), "--task", "digits", "--steps", "2", "--out", str(tmp_path / name), *SMALL])
         assert code == 0, err
-        rows.append([{k: v for k, v in json.loads(line).items() if k != "step_time_s"}
+        rows.append([{k: v for k, v in json.loads(line).items() if not is_timing(k)}
                      for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()])
     assert rows[0] == rows[1]
 

@@ -25,6 +25,15 @@ def _clip(text: Any, width: int = 60) -> str:
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
+def _phases(row: dict[str, Any]) -> str:
+    """Where the step went: 'gen 1.2s fwd 0.3s upd 0.8s' (phases over 5 % of the step)."""
+    short = {"generate": "gen", "score": "score", "forward": "fwd", "estimate": "adv", "update": "upd", "sync": "sync"}
+    total = row.get("step_time_s") or 0.0
+    parts = [f"{name} {row[f'time_{p}_s']:.1f}s" for p, name in short.items()
+             if row.get(f"time_{p}_s", 0.0) > 0.05 * total]
+    return " ".join(parts)
+
+
 def _pct(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:.1f} %"
 
@@ -91,7 +100,7 @@ class RichReporter:
         if row.get("skipped_updates"):
             self.console.print(f"[yellow]step {row['step']}: non-finite loss or gradient; update skipped.[/]")
         kl = "—" if row.get("kl") is None else f"{row['kl']:.3f}"
-        stats = f"reward {row['reward_mean']:.3f}  KL {kl}  acc {_pct(self.accuracy)}"
+        stats = f"reward {row['reward_mean']:.3f}  KL {kl}  acc {_pct(self.accuracy)}  {_phases(row)}"
         if self.progress is not None:
             self.progress.update(self.task_id, advance=1, stats=stats)
 

@@ -32,7 +32,7 @@ def plot(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Image file (.png, .svg or .pdf). Default: RUN/curves.png for one run, else curves.png here."),
 ) -> None:
     """Draw runs together: train reward, KL to the reference and held-out accuracy vs step."""
-    from ..plots import check_target, draw_runs  # late: matplotlib
+    from ..run.plots import check_target, draw_runs  # late: matplotlib
 
     runs = expand(run_dirs)
     empty = [str(r.path) for r in runs if not r.metrics]

@@ -24,7 +24,7 @@ __all__ = ["Plan", "RunSpec", "build_plan", "compare", "parse_algos", "parse_see
 def compare(plan: Plan, out: Path, reporter_for: Callable[[RunSpec, str], Reporter], *, overwrite: bool = False,
             log: Callable[[str], None] = lambda _: None, command: str = "llmrl compare") -> dict[str, Any]:
     """Run (or continue) `plan` in `out`; write the plots, summary.json and report.md; return the summary."""
-    from ..plots import draw_compare  # late: matplotlib
+    from ..run.plots import draw_compare  # late: matplotlib
 
     prepare(out, plan, overwrite)
     runs = run_plan(plan, reporter_for, log)

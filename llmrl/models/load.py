@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -11,6 +12,14 @@ from ..config.schema import ModelConfig
 from ..errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+BUILTIN_MODELS: dict[str, Callable[[bool], Path]] = {}
+"""Built-in model names → `build(show_progress) -> folder` (the `tiny` model is registered by
+`llmrl.tasks`, whose arithmetic split it is warm-started on)."""
+
+
+def register_builtin_model(name: str, build: Callable[[bool], Path]) -> None:
+    BUILTIN_MODELS[name] = build
 
 
 def resolve_device(name: str) -> torch.device:
@@ -24,10 +33,8 @@ def resolve_device(name: str) -> torch.device:
 def model_source(cfg: ModelConfig, show_progress: bool = True) -> tuple[str, str | None]:
     """(folder or hub id, gguf file name or None); `tiny` is built and cached on first use, and a
     `.gguf` file is loaded through its cached plain copy (so the second element is None today)."""
-    if cfg.name == "tiny":
-        from .tiny import ensure_tiny
-
-        return str(ensure_tiny(show_progress=show_progress)), None
+    if cfg.name in BUILTIN_MODELS:
+        return str(BUILTIN_MODELS[cfg.name](show_progress)), None
     path = Path(cfg.name).expanduser()
     if path.suffix == ".gguf":  # de-quantised once into a cached safetensors copy (models/gguf.py)
         from .gguf import plain_copy

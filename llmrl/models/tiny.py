@@ -14,8 +14,9 @@ import os
 import random
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,8 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTra
 from transformers.utils import logging as hf_logging
 
 from llmrl.models.tokenizer import build_char_tokenizer
-from llmrl.tasks.arithmetic import splits
+Corpus = Sequence[tuple[str, str]]
+"""(prompt, answer) pairs the warm start trains on (the arithmetic task's train split: tasks/__init__.py)."""
 
 TINY_VERSION = "1"
 """Part of the cache folder name; bump it whenever the recipe below changes."""
@@ -82,17 +84,16 @@ def _build_model(tokenizer: PreTrainedTokenizerFast, recipe: TinyRecipe) -> Llam
     return LlamaForCausalLM(config)
 
 
-def _encode_train(tokenizer: PreTrainedTokenizerFast) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Left-padded training rows `prompt + answer + EOS` of the arithmetic train split.
+def _encode_train(tokenizer: PreTrainedTokenizerFast, corpus: Corpus) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-padded training rows `prompt + answer + EOS` of the corpus.
 
     Returns `(ids, attention_mask, loss_mask)`, each `[N, L]`; `loss_mask[i, t]` is 1 where token
     `t` is an answer character or the EOS (the tokens the model is trained to predict).
     """
-    train, _ = splits()
     rows: list[tuple[list[int], int]] = []
-    for ex in train:
-        prompt = tokenizer(ex.prompt, add_special_tokens=False)["input_ids"]
-        target = tokenizer(ex.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    for text, answer in corpus:
+        prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+        target = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         rows.append((prompt + target, len(target)))
     length = max(len(seq) for seq, _ in rows)
     ids = torch.full((len(rows), length), tokenizer.pad_token_id, dtype=torch.long)
@@ -117,16 +118,17 @@ def _warm_start(
     model: LlamaForCausalLM,
     tokenizer: PreTrainedTokenizerFast,
     recipe: TinyRecipe,
+    corpus: Corpus,
     *,
     seed: int,
     show_progress: bool,
 ) -> None:
-    """Supervised warm start: `recipe.steps` AdamW steps on shuffled batches of the train split.
+    """Supervised warm start: `recipe.steps` AdamW steps on shuffled batches of the corpus.
 
     Loss = mean cross-entropy of `logits[:, t-1]` against `ids[:, t]` over positions t with
     `loss_mask` set (answer characters and EOS); prompt and padding tokens carry no loss.
     """
-    ids, attn, loss_mask = _encode_train(tokenizer)
+    ids, attn, loss_mask = _encode_train(tokenizer, corpus)
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=recipe.lr, betas=(0.9, 0.98), weight_decay=recipe.weight_decay
@@ -174,7 +176,7 @@ def _no_hf_progress_bars() -> Iterator[None]:
 
 
 def build_tiny(
-    out_dir: Path, *, seed: int = 0, show_progress: bool = True, steps: int | None = None
+    out_dir: Path, corpus: Corpus, *, seed: int = 0, show_progress: bool = True, steps: int | None = None
 ) -> Path:
     """Build, warm-start and save the `tiny` model and its tokenizer into `out_dir`, atomically.
 
@@ -189,7 +191,7 @@ def build_tiny(
     torch.manual_seed(seed)
     tokenizer = build_char_tokenizer()
     model = _build_model(tokenizer, recipe)
-    _warm_start(model, tokenizer, recipe, seed=seed, show_progress=show_progress)
+    _warm_start(model, tokenizer, recipe, corpus, seed=seed, show_progress=show_progress)
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -217,7 +219,7 @@ def _is_complete(path: Path) -> bool:
     return (path / "config.json").is_file() and (path / "model.safetensors").is_file()
 
 
-def ensure_tiny(cache_dir: Path | None = None, *, show_progress: bool = True) -> Path:
+def ensure_tiny(corpus: Callable[[], Corpus], cache_dir: Path | None = None, *, show_progress: bool = True) -> Path:
     """The cached `tiny` model folder (default `default_cache_dir()`), built first if missing.
 
     Safe under concurrent callers: each builds into its own temporary folder and the losers of
@@ -226,4 +228,4 @@ def ensure_tiny(cache_dir: Path | None = None, *, show_progress: bool = True) ->
     path = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if _is_complete(path):
         return path
-    return build_tiny(path, show_progress=show_progress)
+    return build_tiny(path, corpus(), show_progress=show_progress)

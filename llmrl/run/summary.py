@@ -48,7 +48,7 @@ def draw_curves(path: Path) -> None:
     """RUN/curves.png: reward, KL and held-out accuracy vs step. A plotting failure never fails a
     finished run: it becomes a warning (`llmrl plot RUN` can draw it again)."""
     try:
-        from ..plots import draw_runs  # late: matplotlib is only needed at the end
+        from .plots import draw_runs  # late: matplotlib is only needed at the end
 
         draw_runs([read_run(path)], path / "curves.png")
     except Exception as exc:  # noqa: BLE001

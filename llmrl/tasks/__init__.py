@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import ConfigError
+from ..models.load import register_builtin_model
+from ..models.tiny import ensure_tiny
 from ..rewards.builtin import numeric
 from . import arithmetic, chat_sum
 
@@ -48,6 +50,14 @@ def _chat_sum() -> Task:
 
 
 TASKS: dict[str, Callable[[], Task]] = {"arithmetic": _arithmetic, "chat_sum": _chat_sum}
+
+
+def tiny_corpus() -> list[tuple[str, str]]:
+    """What the built-in `tiny` model is warm-started on: the arithmetic train split's (prompt, answer)."""
+    return [(x.prompt, x.answer) for x in arithmetic.splits()[0]]
+
+
+register_builtin_model("tiny", lambda show_progress: ensure_tiny(tiny_corpus, show_progress=show_progress))
 
 
 def get_task(name: str) -> Task:

@@ -20,8 +20,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from .errors import ConfigError
-from .run.folder import Run
+from ..errors import ConfigError
+from .folder import Run
 
 FORMATS = (".png", ".svg", ".pdf")
 
