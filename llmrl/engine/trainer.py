@@ -35,6 +35,7 @@ from ..checkpoint import list_checkpoints, load_checkpoint, restore_rng, rng_sta
 from ..errors import ConfigError, LLMRLError, RunFailed
 from ..estimators import EstimatorSpec, get_estimator, import_user_module
 from ..kl_control import KLController
+from ..losses import resolve_policy_loss
 from ..memory import peak_device_mib, peak_rss_mib, role_costs
 from ..models.load import load_base
 from ..models.prompts import apply_chat_setting, tokenize_prompts
@@ -46,6 +47,7 @@ from .completions import due, sample_rows
 from .data import PromptSampler, stream_digest
 from .dist_stats import global_kl, global_row
 from .evaluate import EvalResult, evaluate
+from .overlong import apply_overlong
 from .reporting import NullReporter, Reporter
 from .rollout import RolloutPlan, generation_logprobs, rollout
 from .signals import graceful_stop
@@ -95,6 +97,7 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
           dist: DistContext = SINGLE) -> Session:
     """Load the task and model, build the stack and optimizers, create (or reopen) the run folder."""
     spec = resolve_estimator(config)
+    resolve_policy_loss(config.update.policy_loss, config.update.policy_loss_module, config.update.dual_clip)
     if config.rollout.prompts_per_step % dist.world_size:
         raise ConfigError(f"'rollout.prompts_per_step' ({config.rollout.prompts_per_step}) must be divisible by "
                           f"the number of processes ({dist.world_size}).")
@@ -191,8 +194,10 @@ def train_step(s: Session, step: int) -> dict[str, Any]:
                  if s.dist.is_main and due(step + 1, cfg.log.completions_every) else [])
     beta = s.kl.beta
     values = critic_forward(s.stack, batch) if s.plan.critic_in_update else None  # sets batch.values
-    out = estimate(s.spec, batch, shape_rewards(batch, beta, cfg.kl), cfg.estimator, s.dist)
-    stats = update(s.stack, s.opts, batch, Targets(out.advantages, out.returns), cfg.update, cfg.kl,
+    rewards, trained, overlong = apply_overlong(batch, shape_rewards(batch, beta, cfg.kl), cfg,
+                                                s.tokenizer.eos_token_id, s.dist)
+    out = estimate(s.spec, batch, rewards, cfg.estimator, s.dist)
+    stats = update(s.stack, s.opts, trained, Targets(out.advantages, out.returns), cfg.update, cfg.kl,
                    beta, cfg.rollout.temperature, s.generator, s.dist, on_policy=not s.plan.old_logprobs,
                    critic_values=values)
     kl = global_kl(s.dist, batch) if s.dist.active else sequence_kl(batch)
@@ -209,6 +214,7 @@ def train_step(s: Session, step: int) -> dict[str, Any]:
         "beta": beta,
         **stats,
         **out.stats,
+        **overlong,
         "zero_advantage": bool(adv.numel() == 0 or adv.abs().max() == 0),
         "adv_mean": adv.mean().item() if adv.numel() else 0.0,
         "adv_std": adv.std().item() if adv.numel() > 1 else 0.0,

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from ..batch import RolloutBatch
 from ..config.schema import KLConfig, UpdateConfig
-from ..losses import aggregate, entropy_from_logprobs, kl_penalty, policy_loss, value_loss
+from ..losses import aggregate, entropy_from_logprobs, get_policy_loss, kl_penalty, value_loss
 from ..distributed import SINGLE, DistContext
 from ..models.stack import PolicyStack, layout
 from .grad_stats import GradMoments
@@ -85,7 +85,8 @@ def _actor_loss(stack: PolicyStack, mb: RolloutBatch, adv: Tensor, cfg: UpdateCo
     mask = mb.response_mask
     if on_policy:  # exactly on-policy: π_old = the current policy, detached
         mb.old_logprobs = torch.where(mask, lp.detach(), torch.zeros_like(lp))
-    pl = policy_loss(lp, mb.old_logprobs, adv, mask, cfg.clip_eps, cfg.clip_eps_high, cfg.dual_clip, cfg.loss_agg, **totals)
+    pl = get_policy_loss(cfg.policy_loss).fn(lp, mb.old_logprobs, adv, mask, cfg.clip_eps, cfg.clip_eps_high,
+                                             cfg.dual_clip, cfg.loss_agg, **totals)
     loss = pl.loss
     with torch.set_grad_enabled(cfg.ent_coef > 0 and torch.is_grad_enabled()):  # logged only: no graph
         entropy = entropy_from_logprobs(logp)
