@@ -277,3 +277,10 @@ def test_new_algorithm_trains_two_steps(algo: str, tiny_model_dir: Path, tmp_pat
         assert {"truncated_frac", "overlong_penalty"} <= set(rows[0])
     else:
         assert "truncated_frac" not in rows[0]
+
+
+@pytest.mark.parametrize(("value", "message"), [("0", "'reward.overlong_buffer' must be > 0, got 0.0."),
+                                                ("1.5", "'reward.overlong_buffer' must be ≤ 1, got 1.5.")])
+def test_overlong_buffer_out_of_range_exits_2(value: str, message: str, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["train", "--set", f"reward.overlong_buffer={value}", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2 and message in result.stderr and "Traceback" not in result.stderr
