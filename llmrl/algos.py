@@ -46,6 +46,28 @@ ALGOS: dict[str, Algo] = {
              {"kl.placement": "reward", "kl.estimator": "k1", **_ONE_UPDATE, **_GROUPS}),
         Algo("remax", "remax", "Li et al. 2023 (ReMax)",
              {"kl.placement": "reward", "kl.estimator": "k1", **_ONE_UPDATE}),
+        # REINFORCE++: k1 KL in the reward (β 0.01, OpenRLHF's example), returns whitened over the batch
+        Algo("reinforce_pp", "reinforce_pp", "Hu et al. 2025 (REINFORCE++)",
+             {"kl.placement": "reward", "kl.estimator": "k1", "kl.beta": 0.01, "estimator.whiten": True, **_ONE_UPDATE}),
+        # REINFORCE++ w/ baseline: group mean, batch whitening, k2 KL as a loss (β 1e-3, OpenRLHF's example)
+        Algo("reinforce_pp_baseline", "reinforce_pp_baseline", "Hu et al. 2025 (REINFORCE++ w/ baseline)",
+             {"kl.placement": "loss", "kl.estimator": "k2", "kl.beta": 1e-3, "estimator.whiten": True,
+              **_ONE_UPDATE, **_GROUPS}),
+        # GSPO: the clipped sequence ratio, the paper's clip range, per-sequence loss (verl's gspo aggregation)
+        Algo("gspo", "grpo", "Zheng et al. 2025 (GSPO)",
+             {"update.policy_loss": "gspo", "update.clip_eps": 3e-4, "update.clip_eps_high": 4e-4,
+              "update.loss_agg": "seq-mean-token-mean", "kl.beta": 0.0, **_ONE_UPDATE, **_GROUPS}),
+        # DAPO: clip-higher, token-level loss over the batch, no KL, overlong shaping and filtering
+        # (L_cache = 0.2·L_max, the paper's 4096 of 20480); dynamic sampling is not part of it here
+        Algo("dapo", "grpo", "Yu et al. 2025 (DAPO)",
+             {"update.clip_eps": 0.2, "update.clip_eps_high": 0.28, "update.loss_agg": "token-mean",
+              "kl.beta": 0.0, "reward.overlong_buffer": 0.2, "reward.overlong_penalty": 1.0,
+              "update.mask_truncated": True, **_ONE_UPDATE, **_GROUPS}),
+        # CISPO: the stop-gradient clipped IS weight; no lower bound (ε_low = 1, as the paper), the weight
+        # capped at 4 (ε_high = 3: the paper gives no value; ScaleRL's and Tinker's cap), token-mean, no KL
+        Algo("cispo", "grpo", "MiniMax 2025 (MiniMax-M1, CISPO)",
+             {"update.policy_loss": "cispo", "update.clip_eps": 1.0, "update.clip_eps_high": 3.0,
+              "update.loss_agg": "token-mean", "kl.beta": 0.0, **_ONE_UPDATE, **_GROUPS}),
     ]
 }
 

@@ -2,15 +2,22 @@
 
 All per-token tensors are (N, T) with a bool `mask` (True = trained token); masked positions never
 influence a result, whatever they hold.
+
+Policy losses are registered by name (`update.policy_loss`): ppo, gspo, cispo, and any a user
+registers with `@register_policy_loss(name, ...)` in a module named by `update.policy_loss_module`.
+Every one takes (log π_θ, log π_old, A, mask, ε_low, ε_high, dual clip c, agg, **totals), all
+per-token tensors (N, T), and returns a `PolicyLoss`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
 
+from .errors import ConfigError
 from .ops import masked_mean, masked_sum
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -47,6 +54,44 @@ class PolicyLoss:
     approx_kl: Tensor  # mean of k3(π_old‖π_θ) over kept tokens, a drift diagnostic
 
 
+PolicyLossFn = Callable[..., PolicyLoss]
+
+
+@dataclass(frozen=True)
+class PolicyLossSpec:
+    name: str
+    fn: PolicyLossFn
+    formula: str  # one line, shown by `llmrl losses`
+    paper: str
+    dual_clip: bool  # whether `update.dual_clip` applies to it
+
+
+POLICY_LOSSES: dict[str, PolicyLossSpec] = {}
+
+
+def register_policy_loss(name: str, *, formula: str, paper: str = "", dual_clip: bool = False
+                         ) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Decorator: register a policy loss under `name`. A duplicate name is an error."""
+
+    def wrap(fn: PolicyLossFn) -> PolicyLossFn:
+        if name in POLICY_LOSSES:
+            raise ValueError(f"policy loss '{name}' is already registered")
+        POLICY_LOSSES[name] = PolicyLossSpec(name, fn, formula, paper, dual_clip)
+        return fn
+
+    return wrap
+
+
+def get_policy_loss(name: str) -> PolicyLossSpec:
+    """The spec registered under `name`; unknown names list the valid ones."""
+    if name not in POLICY_LOSSES:
+        raise ConfigError(f"Unknown policy loss '{name}'; valid policy losses: {', '.join(sorted(POLICY_LOSSES))}.")
+    return POLICY_LOSSES[name]
+
+
+@register_policy_loss("ppo", formula="max(−A·ρ_t, −A·clip(ρ_t, 1−ε_low, 1+ε_high)), ρ_t = π_θ/π_old per token",
+                      paper="Schulman et al. 2017; clip-higher: Yu et al. 2025; dual clip: Ye et al. 2020",
+                      dual_clip=True)
 def policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -75,6 +120,88 @@ def policy_loss(
         clip_frac = masked_mean((clipped > unclipped).float(), mask)
         approx_kl = masked_mean(kl_penalty(old_logprobs, logprobs, "k3"), mask)
     return PolicyLoss(aggregate(per_token, mask, agg, **totals), clip_frac, approx_kl)
+
+
+@register_policy_loss("gspo", formula="max(−A·s_i, −A·clip(s_i, 1−ε_low, 1+ε_high)), s_i = exp(mean_t log ρ_t) per sequence",
+                      paper="Zheng et al. 2025 (GSPO)")
+def gspo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float = 3e-4,
+    clip_high: float | None = 4e-4,
+    dual_clip: float | None = None,
+    agg: str = "seq-mean-token-mean",
+    **totals: float | None,
+) -> PolicyLoss:
+    """Group Sequence Policy Optimization, GSPO-token form (Zheng et al. 2025, eq. 10-11).
+
+    log s_i = (1/|y_i|) Σ_t (log π_θ − log π_old)_it   (the geometric mean of the token ratios);
+    s_it = sg(s_i) · π_θ(y_it) / sg(π_θ(y_it))         (value s_i; ∇s_it = s_i ∇log π_θ(y_it));
+    ℓ_it = max(−A_it s_it, −A_it clip(s_it, 1 − ε_low, 1 + ε_high)).
+    With A_it = A_i and seq-mean-token-mean this is GSPO's sequence objective exactly: the gradient
+    mean_i A_i s_i (1/|y_i|) Σ_t ∇log π_θ(y_it) = mean_i A_i ∇s_i (as verl `compute_policy_loss_gspo`).
+    `dual_clip` does not apply (refused by `resolve_policy_loss`).
+    """
+    clip_high = clip_low if clip_high is None else clip_high
+    zeros = torch.zeros_like(logprobs)
+    logprobs = torch.where(mask, logprobs, zeros)  # junk at masked positions must not reach the gradient
+    log_ratio = torch.where(mask, logprobs - old_logprobs, zeros)
+    seq_log_ratio = log_ratio.sum(-1) / mask.sum(-1).clamp(min=1)  # (N,)
+    ratio = torch.exp(logprobs - logprobs.detach() + seq_log_ratio.detach()[:, None])  # s_it, (N, T)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    per_token = torch.maximum(unclipped, clipped)
+    with torch.no_grad():
+        clip_frac = masked_mean((clipped > unclipped).float(), mask)
+        approx_kl = masked_mean(kl_penalty(old_logprobs, logprobs, "k3"), mask)
+    return PolicyLoss(aggregate(per_token, mask, agg, **totals), clip_frac, approx_kl)
+
+
+@register_policy_loss("cispo", formula="−sg(clip(ρ_t, 1−ε_low, 1+ε_high))·A·log π_θ(a_t), ρ_t = π_θ/π_old per token",
+                      paper="MiniMax 2025 (MiniMax-M1, CISPO)")
+def cispo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float = 1.0,
+    clip_high: float | None = 3.0,
+    dual_clip: float | None = None,
+    agg: str = "token-mean",
+    **totals: float | None,
+) -> PolicyLoss:
+    """Clipped IS-weight Policy Optimization (MiniMax-M1, eq. 4-5).
+
+    ρ_t = exp(log π_θ − log π_old);  ℓ_t = −sg(clip(ρ_t, 1 − ε_low, 1 + ε_high)) · A_t · log π_θ(a_t).
+    The clipped weight is a constant, so every token keeps its REINFORCE gradient −w_t A_t ∇log π_θ
+    (PPO zeroes the clipped ones). ε_low = 1 puts no lower bound on ρ (the paper's choice). The loss
+    value is not the surrogate's (it carries log π_θ); its gradient is. `clip_frac`: share of kept
+    tokens whose weight was clipped. `dual_clip` does not apply (refused by `resolve_policy_loss`).
+    """
+    clip_high = clip_low if clip_high is None else clip_high
+    zeros = torch.zeros_like(logprobs)
+    logprobs = torch.where(mask, logprobs, zeros)  # junk at masked positions must not reach the gradient
+    ratio = torch.exp(torch.where(mask, logprobs - old_logprobs, zeros)).detach()
+    weight = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    per_token = -weight * advantages * logprobs
+    with torch.no_grad():
+        clip_frac = masked_mean((weight != ratio).float(), mask)
+        approx_kl = masked_mean(kl_penalty(old_logprobs, logprobs, "k3"), mask)
+    return PolicyLoss(aggregate(per_token, mask, agg, **totals), clip_frac, approx_kl)
+
+
+def resolve_policy_loss(name: str, module: str | None, dual_clip: float | None) -> PolicyLossSpec:
+    """Import `module` (it may register losses), look `name` up and check the settings it uses."""
+    if module:
+        from .estimators.registry import import_user_module  # late: estimators import nothing from here
+
+        import_user_module(module, "policy-loss")
+    spec = get_policy_loss(name)
+    if dual_clip is not None and not spec.dual_clip:
+        raise ConfigError(f"update.dual_clip does not apply to the '{name}' policy loss; unset it (null).")
+    return spec
 
 
 def value_loss(

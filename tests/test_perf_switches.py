@@ -127,7 +127,7 @@ def test_no_preset_is_on_by_default_and_which_become_so_with_one_minibatch() -> 
     them; with one minibatch of 512 the presets whose KL is in the loss (or β = 0) turn it on."""
     assert not [name for name in ALGOS if on_policy_update(load_config(overrides={"algo": name}))]
     one = [name for name in ALGOS if on_policy_update(load_config(overrides={"algo": name, "update.minibatch_size": 512}))]
-    assert one == ["grpo", "dr_grpo"]
+    assert one == ["grpo", "dr_grpo", "reinforce_pp_baseline", "gspo", "dapo", "cispo"]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

@@ -7,7 +7,7 @@ import warnings
 import typer
 from transformers.utils import logging as hf_logging
 
-from .algos_cmd import advantages, algos
+from .algos_cmd import advantages, algos, losses
 from .compare_cmd import compare
 from .config_cmd import config
 from .plot_cmd import plot
@@ -29,6 +29,7 @@ app.command()(train)
 app.command()(config)
 app.command()(algos)
 app.command()(advantages)
+app.command()(losses)
 app.command()(compare)
 app.command()(plot)
 app.command()(export)

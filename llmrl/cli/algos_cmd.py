@@ -1,4 +1,5 @@
-"""`llmrl algos` (the table of methods, from the registry) and `llmrl advantages` (run one estimator)."""
+"""`llmrl algos` (the table of methods, from the registry), `llmrl advantages` (run one estimator) and
+`llmrl losses` (the registered policy losses)."""
 
 from __future__ import annotations
 
@@ -13,24 +14,42 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..algos import ALGOS, get_algo
+from ..algos import ALGOS, get_algo, preset_for
 from ..config.load import check_bounds, coerce, field_types
 from ..errors import ConfigError
-from ..estimators import EstimatorInput, get_estimator
+from ..estimators import EstimatorInput, get_estimator, import_user_module
+from ..losses import POLICY_LOSSES
+from ..ops import whiten
 from .errors import friendly
 
 
 @friendly
 def algos() -> None:
-    """Every registered algorithm: its Q estimate, baseline, what it needs and its paper."""
+    """Every registered algorithm: its Q estimate, baseline, policy loss, what it needs and its paper."""
     table = Table(title="Algorithms (advantage = Q estimate − baseline)")
-    for col in ("algo", "estimator", "Q estimate", "baseline", "needs", "paper"):
+    for col in ("algo", "estimator", "Q estimate", "baseline", "loss", "needs", "paper"):
         table.add_column(col)
     for algo in ALGOS.values():
         spec = get_estimator(algo.estimator)
         needs = [n for n, on in (("critic", spec.needs.critic), ("G samples per prompt", spec.needs.groups),
                                  ("greedy rollout", spec.needs.greedy)) if on]
-        table.add_row(algo.name, spec.name, spec.q_estimate, spec.baseline, ", ".join(needs) or "—", algo.paper)
+        loss = preset_for(algo.name).get("update.policy_loss", "ppo")
+        table.add_row(algo.name, spec.name, spec.q_estimate, spec.baseline, loss, ", ".join(needs) or "—", algo.paper)
+    Console().print(table)
+
+
+@friendly
+def losses(
+    module: str = typer.Option(None, "--module", help="Import this module first (as update.policy_loss_module)."),
+) -> None:
+    """Every registered policy loss (`update.policy_loss`): its per-token loss and its paper."""
+    if module:
+        import_user_module(module, "policy-loss")
+    table = Table(title="Policy losses (ℓ_t per kept token, then update.loss_agg)")
+    for col in ("loss", "ℓ_t", "update.dual_clip", "paper"):
+        table.add_column(col)
+    for spec in POLICY_LOSSES.values():
+        table.add_row(spec.name, spec.formula, "yes" if spec.dual_clip else "—", spec.paper)
     Console().print(table)
 
 
@@ -127,6 +146,8 @@ def advantages(
     algo: str = typer.Option(..., "--algo", "-a", help="Algorithm (or estimator) name, see `llmrl algos`."),
     input: str = typer.Option(..., "--input", "-i", help="JSON file, or - for standard input."),
     as_json: bool = typer.Option(False, "--json", help="Print {\"advantages\": ..., \"returns\": ...} as JSON."),
+    white: bool = typer.Option(False, "--whiten", help="Also whiten the advantages over all entries, as "
+                               "`estimator.whiten` does over a batch (on in the ppo and reinforce_pp presets)."),
 ) -> None:
     """Compute advantages and returns of one estimator for given rewards (and values).
 
@@ -142,8 +163,10 @@ def advantages(
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"Input '{input}' is not valid JSON (line {exc.lineno}).") from None
-    out = get_estimator(estimator).fn(parse_input(data, estimator))
-    result = {"advantages": _rounded(out.advantages), "returns": _rounded(out.returns)}
+    x = parse_input(data, estimator)
+    out = get_estimator(estimator).fn(x)
+    adv = whiten(out.advantages, x.response_mask) if white else out.advantages
+    result = {"advantages": _rounded(adv), "returns": _rounded(out.returns)}
     if as_json:
         typer.echo(json.dumps(result))
         return

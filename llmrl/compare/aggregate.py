@@ -15,7 +15,7 @@ Per run (S = steps, r_s = mean train reward of step s, t_s = its seconds, n_s = 
     adv_std                  (1/S) Σ_s std of the advantages over the trained tokens of step s
     grad_norm_var, grad_var, grad_rel_var
                              (1/S') Σ_s of the actor's minibatch-gradient noise of step s
-                             (engine/grad_stats.py), over the S' steps where it is defined
+                             (step/grad_stats.py), over the S' steps where it is defined
     prompts_seen             prompts read from the stream (S · B)
 
 Per algorithm each is mean ± std over seeds (std with n − 1; None for one seed).
@@ -95,7 +95,7 @@ def _boundaries(run: Run) -> dict[int, int] | None:
 def check_prompts(plan: Plan, runs: dict[str, Run]) -> dict[str, Any]:
     """Per seed: did every run read the same train rows at the same stream positions?
 
-    The per-step digests (engine/data.py) add up over steps, so at every prompt count that ends a
+    The per-step digests (run/data.py) add up over steps, so at every prompt count that ends a
     step in all runs of the seed, the running sums must agree. `checked` is the largest such count.
     """
     seeds: dict[str, Any] = {}

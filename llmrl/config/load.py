@@ -257,7 +257,8 @@ def _check_consistency(config: Config) -> None:
     if config.update.on_policy_logprobs == "on" and not exactly_on_policy(config):
         raise ConfigError(
             "'update.on_policy_logprobs' needs one exactly on-policy update: update.epochs=1, "
-            f"update.minibatch_size={rows} (all rows of a step) and no KL in the reward (kl.placement=loss or kl.beta=0)."
+            f"update.minibatch_size={rows} (all rows of a step) and no KL in the reward (kl.placement=loss or kl.beta=0)"
+            + (", and kl.beta=0 with update.mask_truncated." if config.update.mask_truncated else ".")
         )
     if config.update.on_policy_values == "on" and not on_policy_values(config):
         raise ConfigError(
@@ -286,10 +287,12 @@ def exactly_on_policy(config: Config) -> bool:
     """Whether every row's log π_old equals the detached log π of the update's own forward: one
     epoch (update.epochs = 1) of one minibatch holding all B·G rows of the step, so the only
     optimizer step comes after every forward, and no −β·KL_t in the reward (which needs log π_old
-    before the update, when the advantages are computed)."""
+    before the update, when the advantages are computed); nor `update.mask_truncated` with β > 0:
+    the update's forward skips the truncated rows, whose log π_old the logged KL needs."""
     u, kl = config.update, config.kl
     rows = config.rollout.prompts_per_step * config.rollout.num_generations
-    return u.epochs == 1 and u.minibatch_size >= rows and not (kl.placement == "reward" and kl.beta > 0)
+    return (u.epochs == 1 and u.minibatch_size >= rows and not (kl.placement == "reward" and kl.beta > 0)
+            and not (u.mask_truncated and kl.beta > 0))
 
 
 def on_policy_update(config: Config) -> bool:

@@ -134,6 +134,16 @@ class UpdateConfig:
         "token-mean", "how per-token losses become one number",
         choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
     )
+    policy_loss: str = opt(
+        "ppo", "policy loss by name (see `llmrl losses`): ppo (clipped token ratio), gspo (clipped sequence ratio), "
+        "cispo (clipped, stop-gradient IS weight), or one registered with @register_policy_loss in "
+        "update.policy_loss_module; the clip range is update.clip_eps / clip_eps_high for each"
+    )
+    policy_loss_module: str | None = opt(None, "import this Python module first (it may register policy losses)")
+    mask_truncated: bool = opt(
+        False, "leave completions that hit rollout.max_new_tokens without EOS out of the policy and value losses "
+        "(DAPO's overlong filtering); their rewards still count in the advantages of their group"
+    )
 
 
 @dataclass(frozen=True)
@@ -186,6 +196,12 @@ class RewardConfig:
     )
     success: float = opt(1.0, "with reward.functions: a completion counts as correct when its total reward ≥ this")
     batch_size: int = opt(16, "completions per forward pass of a reward model", min=1)
+    overlong_buffer: float | None = opt(
+        None, "DAPO's soft overlong punishment: the last share of rollout.max_new_tokens (L_cache = share · L_max) over "
+        "which the trained reward falls linearly from 0 to −reward.overlong_penalty at L_max tokens (EOS counted); "
+        "null: off", gt=0, max=1,
+    )
+    overlong_penalty: float = opt(1.0, "the penalty at L_max tokens of reward.overlong_buffer", min=0)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """Advantage estimators, registered by name (see `registry.py`).
 
 Importing this package registers the built-ins: reinforce, reinforce_baseline, a2c, gae, grpo,
-dr_grpo, rloo, remax.
+dr_grpo, rloo, remax, reinforce_pp, reinforce_pp_baseline.
 """
 
-from . import bootstrap, group, monte_carlo  # noqa: F401  (registration side effects)
+from . import bootstrap, group, monte_carlo, reinforce_pp  # noqa: F401  (registration side effects)
 from .registry import (
     ESTIMATORS,
     EstimatorInput,

@@ -102,9 +102,10 @@ def get_estimator(name: str) -> EstimatorSpec:
     return ESTIMATORS[name]
 
 
-def import_user_module(module: str) -> None:
-    """Import a user's module so its `@register` calls run."""
+def import_user_module(module: str, kind: str = "estimator") -> None:
+    """Import a user's module so its `@register` (or `@register_policy_loss`) calls run; `kind`
+    names what it registers in the error message."""
     try:
         importlib.import_module(module)
     except ImportError as exc:
-        raise ConfigError(f"Cannot import estimator module '{module}': {exc}.") from None
+        raise ConfigError(f"Cannot import {kind} module '{module}': {exc}.") from None

@@ -9,7 +9,7 @@
         - {model: path/to/reward-model, weight: 0.2}            # AutoModelForSequenceClassification
 
 The total reward of completion i is Σ_k weight_k · r_k(i). Every component is checked on its own
-(engine/rewards.py: raises / wrong count / non-finite → the run stops naming it) and logged as
+(step/score.py: raises / wrong count / non-finite → the run stops naming it) and logged as
 `reward/<label>` in metrics.jsonl. A bare string entry `numeric` means `{name: numeric}`; a name
 that is not a built-in and has no ':' is a reward model (folder or hub id `org/name`). Other keys
 of an entry are options passed to the function as keyword arguments.
@@ -48,7 +48,7 @@ class Component:
 
 @dataclass(frozen=True)
 class WeightedReward:
-    """The task reward built from `reward.functions`; `engine/rewards.py` scores each component."""
+    """The task reward built from `reward.functions`; `step/score.py` scores each component."""
 
     components: tuple[Component, ...]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 import torch
@@ -27,6 +27,7 @@ from ..step.forward import forward
 from ..step.generate import generate
 from ..step.records import TrainRows
 from ..step.score import score
+from ..step.overlong import apply_overlong
 from ..step.update import update
 from .completions import due, sample_rows
 from .data import stream_digest
@@ -83,10 +84,14 @@ def run_step(s: Session, step: int) -> StepReport:
         forwards = forward(s.stack, samples, plan, cfg.rollout.temperature)
     beta = s.kl.beta
     with clock("estimate"):
-        targets = estimate(s.spec, samples, scores, forwards, shape_rewards(samples, scores, forwards, beta, cfg.kl),
-                           cfg.estimator, s.dist)
+        rewards, trained, overlong = apply_overlong(samples, shape_rewards(samples, scores, forwards, beta, cfg.kl),
+                                                    cfg, s.tokenizer.eos_token_id, s.dist)
+        targets = estimate(s.spec, samples, scores, forwards, rewards, cfg.estimator, s.dist)
+    rows_trained = TrainRows.of(samples, forwards)
+    if trained is not None:  # update.mask_truncated: the truncated rows weigh nothing in the losses
+        rows_trained = replace(rows_trained, response_mask=trained)
     with clock("update"):
-        result = update(s.stack, s.opts, TrainRows.of(samples, forwards), targets, cfg.update, cfg.kl, beta,
+        result = update(s.stack, s.opts, rows_trained, targets, cfg.update, cfg.kl, beta,
                         cfg.rollout.temperature, s.generator, s.dist, on_policy=not plan.old_logprobs,
                         critic_values=forwards.value_graph)
     with clock("sync"):
@@ -101,6 +106,7 @@ def run_step(s: Session, step: int) -> StepReport:
         "kl": kl,
         "beta": beta,
         **result.stats,
+        **overlong,
         **batch_means(s.dist, scores.scores, scores.parts, mask, targets.advantages, targets.stats),
         "prompts_seen": (step + 1) * cfg.rollout.prompts_per_step,
         "prompt_digest": f"{stream_digest(step * cfg.rollout.prompts_per_step, index):016x}",

@@ -19,6 +19,7 @@ from ..engines import GenerationEngine, build_engine
 from ..errors import ConfigError
 from ..estimators import EstimatorSpec, get_estimator, import_user_module
 from ..kl_control import KLController
+from ..losses import resolve_policy_loss
 from ..models.load import load_base
 from ..models.prompts import apply_chat_setting, tokenize_prompts
 from ..models.stack import PolicyStack
@@ -86,6 +87,7 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
           dist: DistContext = SINGLE) -> Session:
     """Load the task and model, build the stack, engine and optimizers, create (or reopen) the run folder."""
     spec = resolve_estimator(config)
+    resolve_policy_loss(config.update.policy_loss, config.update.policy_loss_module, config.update.dual_clip)
     if config.rollout.prompts_per_step % dist.world_size:
         raise ConfigError(f"'rollout.prompts_per_step' ({config.rollout.prompts_per_step}) must be divisible by "
                           f"the number of processes ({dist.world_size}).")

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from ..config.schema import KLConfig, UpdateConfig
-from ..losses import aggregate, entropy_from_logprobs, kl_penalty, policy_loss, value_loss
+from ..losses import aggregate, entropy_from_logprobs, get_policy_loss, kl_penalty, value_loss
 from ..models.stack import PolicyStack, at_least_float32
 from ..parallel.distributed import SINGLE, DistContext
 from .forward import sequences
@@ -77,7 +77,8 @@ def _actor_loss(stack: PolicyStack, mb: TrainRows, adv: Tensor, cfg: UpdateConfi
     mask = mb.response_mask
     # exactly on-policy: π_old = the current policy, detached
     old = torch.where(mask, lp.detach(), torch.zeros_like(lp)) if on_policy else mb.old_logprobs
-    pl = policy_loss(lp, old, adv, mask, cfg.clip_eps, cfg.clip_eps_high, cfg.dual_clip, cfg.loss_agg, **totals)
+    pl = get_policy_loss(cfg.policy_loss).fn(lp, old, adv, mask, cfg.clip_eps, cfg.clip_eps_high, cfg.dual_clip,
+                                             cfg.loss_agg, **totals)
     loss = pl.loss
     with torch.set_grad_enabled(cfg.ent_coef > 0 and torch.is_grad_enabled()):  # logged only: no graph
         entropy = entropy_from_logprobs(logp)

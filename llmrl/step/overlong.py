@@ -1,0 +1,73 @@
+"""DAPO's overlong handling (Yu et al. 2025, §3.4): a soft length penalty near `rollout.max_new_tokens`
+(`reward.overlong_buffer`) and leaving truncated completions out of the losses (`update.mask_truncated`).
+Both are off by default; the `dapo` preset turns both on.
+
+A completion is truncated when it holds L_max = `rollout.max_new_tokens` tokens and the last is not
+EOS: generation was cut, so its reward judges an unfinished answer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..config import Config
+from ..ops import last_token_index
+from ..parallel.distributed import SINGLE, DistContext
+from .records import Samples
+
+
+def truncated_rows(samples: Samples, eos_id: int | None, max_new_tokens: int) -> Tensor:
+    """(N,) bool: the response has `max_new_tokens` tokens and its last token is not EOS."""
+    mask = samples.response_mask
+    last = samples.response_ids.gather(1, last_token_index(mask)[:, None]).squeeze(1)
+    return (mask.sum(-1) >= max_new_tokens) & (last != eos_id)
+
+
+def overlong_penalty(lengths: Tensor, max_new_tokens: int, buffer: float, penalty: float) -> Tensor:
+    """R_length(|y|) = −penalty · clamp((|y| − (L_max − L_cache)) / L_cache, 0, 1), L_cache = buffer · L_max.
+
+    0 up to L_max − L_cache tokens, then linear down to −penalty at L_max (DAPO eq. 13 with the
+    generation capped at L_max). (N,) lengths (EOS counted) → (N,). Example L_max = 10, buffer 0.2
+    (L_cache = 2), penalty 1: |y| = 8 → 0, 9 → −0.5, 10 → −1.
+    """
+    cache = buffer * max_new_tokens
+    return -penalty * ((lengths - (max_new_tokens - cache)) / cache).clamp(0.0, 1.0)
+
+
+def apply_overlong(samples: Samples, rewards: Tensor, config: Config, eos_id: int | None,
+                   dist: DistContext = SINGLE) -> tuple[Tensor, Tensor | None, dict[str, Any]]:
+    """(rewards, the response mask the update trains on or None, logged stats) after the overlong
+    settings.
+
+    rewards (N, T): the length penalty is added on each response's last token (where the score is),
+    so every estimator sees it as part of the reward; the update's mask (N, T) has the truncated
+    rows cleared (`update.mask_truncated`): they weigh nothing in any loss and count in no token
+    total (None: train on every row). Stats, over the global batch: `truncated_frac` (share of
+    truncated rows) and `overlong_penalty` (mean penalty). With both settings off, the rewards are
+    returned as given, with None and no stats.
+    """
+    buffer, mask_cut = config.reward.overlong_buffer, config.update.mask_truncated
+    if buffer is None and not mask_cut:
+        return rewards, None, {}
+    max_new = config.rollout.max_new_tokens
+    cut = truncated_rows(samples, eos_id, max_new)
+    sums = [float(cut.sum())]
+    if buffer is not None:
+        mask = samples.response_mask
+        pen = overlong_penalty(mask.sum(-1).to(rewards.dtype), max_new, buffer, config.reward.overlong_penalty)
+        rows = torch.arange(samples.n, device=rewards.device)
+        rewards = rewards.clone()
+        rewards[rows, last_token_index(mask)] += pen
+        rewards = torch.where(mask, rewards, torch.zeros_like(rewards))
+        sums.append(float(pen.sum()))
+    trained = samples.response_mask & ~cut[:, None] if mask_cut else None
+    n = float(samples.n)
+    if dist.active:
+        *sums, n = dist.sum_floats([*sums, n])
+    stats = {"truncated_frac": sums[0] / n}
+    if buffer is not None:
+        stats["overlong_penalty"] = sums[1] / n
+    return rewards, trained, stats
