@@ -10,6 +10,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from ..models.stack import PolicyStack
+from ..models.tokenizer import stop_token_ids
 from .rewards import score
 from .rollout import decode, encode_prompts
 from .sampling import generate, row_uniforms
@@ -41,7 +42,7 @@ def evaluate(
         ids, mask = encode_prompts(tokenizer, [r["prompt"] for r in chunk], stack.lm.device)
         with stack.use(role):
             gen = generate(stack, ids, mask, max_new_tokens=max_new_tokens,
-                           eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+                           eos_id=stop_token_ids(tokenizer, stack.lm), pad_id=tokenizer.pad_token_id)
         completions += decode(tokenizer, gen.response_ids, gen.response_mask)
     rewards = score(reward_fn, rows, completions) if rows else torch.zeros(0)
     n = max(len(rows), 1)
@@ -111,7 +112,7 @@ def evaluate_sampled(
         ids, mask = encode_prompts(tokenizer, prompts[start:stop], stack.lm.device)
         u = row_uniforms(seed, EVAL_STEP, prompt_index[start:stop], sample_index[start:stop], max_new_tokens)
         with stack.use(role):
-            gen = generate(stack, ids, mask, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id,
+            gen = generate(stack, ids, mask, max_new_tokens=max_new_tokens, eos_id=stop_token_ids(tokenizer, stack.lm),
                            pad_id=tokenizer.pad_token_id, temperature=temperature, top_p=top_p,
                            uniforms=u.to(stack.lm.device))
         texts += decode(tokenizer, gen.response_ids, gen.response_mask)

@@ -17,6 +17,7 @@ from ..batch import RolloutBatch
 from ..config.schema import RolloutConfig
 from ..models.prompts import Prompt, tokenize_prompts
 from ..models.stack import PolicyStack, at_least_float32, layout, token_logprobs
+from ..models.tokenizer import stop_token_ids
 from .rewards import score, score_parts
 from .sampling import generate, row_uniforms
 
@@ -102,7 +103,7 @@ def rollout(
     index = prompt_index.repeat_interleave(g)
     sample = torch.arange(g).repeat(len(rows))
     uniforms = row_uniforms(seed, step, index, sample, cfg.max_new_tokens).to(device)
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    eos, pad = stop_token_ids(tokenizer, stack.lm), tokenizer.pad_token_id
     with stack.use("actor"):
         gen = generate(stack, ids, mask, max_new_tokens=cfg.max_new_tokens, eos_id=eos, pad_id=pad,
                        temperature=cfg.temperature, top_p=cfg.top_p, uniforms=uniforms,
@@ -144,5 +145,5 @@ def greedy_scores(stack: PolicyStack, tokenizer: PreTrainedTokenizerBase, rows: 
     ids, mask = encode_prompts(tokenizer, [r["prompt"] for r in rows], stack.lm.device)
     with stack.use("actor"):
         gen = generate(stack, ids, mask, max_new_tokens=cfg.max_new_tokens,
-                       eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+                       eos_id=stop_token_ids(tokenizer, stack.lm), pad_id=tokenizer.pad_token_id)
     return score(reward_fn, rows, decode(tokenizer, gen.response_ids, gen.response_mask))

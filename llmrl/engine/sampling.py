@@ -8,6 +8,7 @@ micro-batch it lands in. Tokens are drawn by inverse-CDF with those uniforms.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -78,7 +79,7 @@ def generate(
     prompt_mask: Tensor,
     *,
     max_new_tokens: int,
-    eos_id: int,
+    eos_id: int | Sequence[int],
     pad_id: int,
     temperature: float = 1.0,
     top_p: float = 1.0,
@@ -92,7 +93,8 @@ def generate(
     (untruncated) tempered policy, computed from the decoding logits in at least float32 exactly as
     a full forward computes it (`stack.token_logprobs`), so it serves as log π_old. With
     `stack.share_prompts`, each distinct prompt is prefilled once and its cache shared by its
-    samples (models/prefix.py).
+    samples (models/prefix.py). `eos_id`: one stop id or several (`models.tokenizer.stop_token_ids`);
+    a row ends at its first, which its mask includes.
     """
     model = stack.lm
     attention = prompt_mask.long()
@@ -102,6 +104,7 @@ def generate(
     logits = shared_prefill(model, prompt_ids, attention, positions, cache, groups)
     n = prompt_ids.shape[0]
     done = torch.zeros(n, dtype=torch.bool, device=prompt_ids.device)
+    stop = torch.as_tensor(eos_id, device=prompt_ids.device).reshape(-1)
     tokens, masks, lps = [], [], []
     position = positions[:, -1:]
     for t in range(max_new_tokens):
@@ -113,7 +116,7 @@ def generate(
             lps.append(torch.where(done, torch.zeros_like(lp), lp))
         masks.append(~done)
         tokens.append(token)
-        done = done | (token == eos_id)
+        done = done | torch.isin(token, stop)
         if _all_done(done) or t == max_new_tokens - 1:
             break
         attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
