@@ -86,14 +86,17 @@ K1_LOSS = ("'kl.estimator' k1 with kl.placement=loss regularises nothing: the ex
            "under the policy's own samples is zero; use kl.estimator=k3 (or k2) in the loss, or kl.placement=reward.")
 
 
-def test_nucleus_sampling_is_refused_in_training(tmp_path: Path) -> None:
-    _refused(["train", "--set", "rollout.top_p=0.9", "--out", str(tmp_path / "r")], TOP_P)
+def test_nucleus_sampling_is_refused_in_training(tiny_model_dir: Path, tmp_path: Path) -> None:
+    _refused(["train", "--model", str(tiny_model_dir), "--steps", "1", "--set", "rollout.top_p=0.9",
+              "--set", "eval.size=2", *SMALL, "--out", str(tmp_path / "r")], TOP_P)
     assert not (tmp_path / "r").exists()
     assert load_config(sets=["rollout.top_p=1.0"]).rollout.top_p == 1.0
 
 
-def test_k1_kl_in_the_loss_is_refused_unless_beta_is_zero(tmp_path: Path) -> None:
-    _refused(["train", "--algo", "grpo", "--set", "kl.estimator=k1", "--out", str(tmp_path / "r")], K1_LOSS)
+def test_k1_kl_in_the_loss_is_refused_unless_beta_is_zero(tiny_model_dir: Path, tmp_path: Path) -> None:
+    _refused(["train", "--algo", "grpo", "--model", str(tiny_model_dir), "--steps", "1", "--set", "kl.estimator=k1",
+              "--set", "eval.size=2", "--set", "rollout.num_generations=2", *SMALL, "--out", str(tmp_path / "r")],
+             K1_LOSS)
     assert not (tmp_path / "r").exists()
     with pytest.raises(ConfigError, match="regularises nothing"):
         load_config(overrides={"algo": "ppo", "kl.placement": "loss"})  # ppo's own k1, moved into the loss
@@ -252,8 +255,8 @@ def test_a_causal_lm_folder_is_refused_as_a_reward_model(tiny_model_dir: Path, t
     assert str(info.value) == message
     with pytest.raises(ConfigError, match="not a sequence classifier"):
         build_reward([{"model": str(tiny_model_dir)}], columns=set(), source="task", device=CPU)
-    _refused(["train", "--model", str(tiny_model_dir), "--reward", str(tiny_model_dir), "--out", str(tmp_path / "r")],
-             message)
+    _refused(["train", "--model", str(tiny_model_dir), "--reward", str(tiny_model_dir), "--steps", "1",
+              "--set", "eval.size=2", *SMALL, "--out", str(tmp_path / "r")], message)
     assert not (tmp_path / "r").exists()
 
 
