@@ -16,8 +16,9 @@ from typing import Any
 
 from .config import Config, load_config
 from .engines import build_engine
-from .run.evaluate import evaluate, evaluate_sampled
+from .errors import ConfigError
 from .run.actor import load_actor
+from .run.evaluate import evaluate, evaluate_sampled
 from .models.load import load_base
 from .models.stack import PolicyStack
 from .run.folder import MARKER
@@ -67,6 +68,15 @@ def resolve_task(task: str | None, target: EvalTarget, dataset: str | None = Non
     return task_from_config(cfg)
 
 
+def _no_prompts(chosen: Task, target: EvalTarget) -> str:
+    """Why there is nothing to score: no held-out split at all, or a run trained with eval.size=0."""
+    if not chosen.eval:
+        return (f"Task '{chosen.name}' has no held-out split (data.eval_fraction is 0 and there is no "
+                "data.eval_dataset); score a file with --dataset FILE.")
+    return (f"The {target.label} was trained with eval.size=0, so it has no held-out prompts to score; pass "
+            f"--size N to score the first N of its {len(chosen.eval)} held-out rows, or --dataset FILE.")
+
+
 def eval_model(
     model: str,
     *,
@@ -92,6 +102,8 @@ def eval_model(
     cfg = target.config
     chosen = resolve_task(task, target, dataset, reward)
     rows = chosen.eval[: cfg.eval.size if size is None else size]
+    if not rows:
+        raise ConfigError(_no_prompts(chosen, target))
     n_new = max_new_tokens or cfg.rollout.max_new_tokens
     batch = batch_size or cfg.eval.batch_size
     engine = build_engine(cfg.rollout.engine, stack=target.stack, tokenizer=target.tokenizer, config=cfg)

@@ -9,6 +9,7 @@ from torch import Tensor
 from llmrl.config.schema import RolloutConfig
 from llmrl.engines.hf import HFEngine
 from llmrl.models.stack import PolicyStack
+from llmrl.models.tokenizer import stop_token_ids
 from llmrl.step.forward import forward
 from llmrl.step.generate import generate
 from llmrl.step.records import Forwards, Samples, Scores, StepPlan, TrainRows, check_shapes
@@ -32,7 +33,7 @@ class Rollout(NamedTuple):
 def rollout(stack: PolicyStack, tokenizer: Any, rows: Sequence[dict[str, Any]], prompt_index: Tensor, *,
             cfg: RolloutConfig, plan: StepPlan, reward_fn: Any, seed: int, step: int) -> Rollout:
     """What a training step computes before its advantages, as the loop chains it (run/one_step.py)."""
-    engine = HFEngine(stack, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    engine = HFEngine(stack, stop_token_ids(tokenizer, stack.lm), tokenizer.pad_token_id)
     samples = generate(engine, tokenizer, rows, prompt_index, cfg=cfg, seed=seed, step=step, device=stack.lm.device,
                        logprobs=plan.old_logprobs and plan.from_generation, greedy=plan.greedy)
     scores = score(samples, reward_fn, stack.lm.device)

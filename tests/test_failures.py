@@ -43,7 +43,7 @@ def _raise(completions):
         (_raise, "raised ZeroDivisionError: boom"),
         (lambda c: [0.0] * (len(c) - 1), "returned 7 values for 8 completions"),
         (lambda c: [math.nan] * len(c), "returned NaN or infinity"),
-        (lambda c: ["x"] * len(c), "returned a value that is not a number"),
+        (lambda c: ["x"] * len(c), "returned the str 'x' for completion 0, not a number"),
     ],
 )
 def test_reward_failure_checkpoints_then_stops(tiny_model_dir: Path, tmp_path: Path, monkeypatch, bad, message) -> None:

@@ -57,9 +57,17 @@ INPUT_KEYS = ("token_rewards", "values", "scores", "group_size", "baseline_score
 SETTINGS = {"gamma": "estimator.gamma", "lam": "estimator.lam", "n": "estimator.n_step"}  # bounds as in a recipe
 
 
+F32_MAX = torch.finfo(torch.float32).max
+
+
 def _finite(key: str, x: torch.Tensor) -> torch.Tensor:
-    if not torch.isfinite(x).all():
-        raise ConfigError(f"'{key}' must hold only finite numbers (no NaN or infinity).")
+    """`x` (float64) when every entry is a number a training run could hold (finite in float32).
+
+    The estimator then runs in float64, so sums and squares of such numbers cannot overflow (in
+    float32, [3e38, 3e38] gave -inf, and the std of ±3e38 overflowed to advantages of 0)."""
+    if not (x.abs() <= F32_MAX).all():
+        raise ConfigError(f"'{key}' must hold only finite numbers within float32's range "
+                          f"(|x| ≤ {F32_MAX:.4g}, like a training run's rewards).")
     return x
 
 
@@ -74,7 +82,7 @@ def _matrix(data: dict[str, Any], key: str) -> torch.Tensor | None:
     if any(isinstance(v, bool) for r in rows for v in r):
         raise ConfigError(f"'{key}' must hold only numbers.")
     try:
-        return _finite(key, torch.tensor(rows, dtype=torch.float32))
+        return _finite(key, torch.tensor(rows, dtype=torch.float64))
     except (TypeError, ValueError):
         raise ConfigError(f"'{key}' must hold only numbers.") from None
 
@@ -86,7 +94,7 @@ def _vector(data: dict[str, Any], key: str) -> torch.Tensor | None:
     if not isinstance(values, list) or not values or any(isinstance(v, bool) for v in values):
         raise ConfigError(f"'{key}' must be a non-empty list of numbers.")
     try:
-        return _finite(key, torch.tensor(values, dtype=torch.float32).reshape(-1))
+        return _finite(key, torch.tensor(values, dtype=torch.float64).reshape(-1))
     except (TypeError, ValueError):
         raise ConfigError(f"'{key}' must be a list of numbers.") from None
 
@@ -152,7 +160,8 @@ def advantages(
     """Compute advantages and returns of one estimator for given rewards (and values).
 
     Input JSON: {"token_rewards": [[...]], "values": [[...]], "scores": [...], "group_size": G,
-    "baseline_scores": [...], "gamma": γ, "lam": λ, "n": n}.
+    "baseline_scores": [...], "gamma": γ, "lam": λ, "n": n}. Numbers must be finite in float32;
+    the estimator runs in float64.
     """
     estimator = algo if algo not in ALGOS else get_algo(algo).estimator
     try:

@@ -6,11 +6,10 @@ definitions are in aggregate.py and docs/compare.md.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
-from ..run.folder import Run, atomic_write
+from ..run.folder import Run, atomic_write, to_json
 from .aggregate import by_algo, check_prompts, run_metrics
 from .plan import Plan
 
@@ -152,5 +151,5 @@ def markdown(summary: dict[str, Any], command: str) -> str:
 
 
 def write(out: Path, summary: dict[str, Any], command: str) -> None:
-    atomic_write(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
+    atomic_write(out / "summary.json", to_json(summary, indent=2, default=str) + "\n")
     atomic_write(out / "report.md", markdown(summary, command))

@@ -254,6 +254,7 @@ def _check_consistency(config: Config) -> None:
             f"'update.minibatch_size' ({config.update.minibatch_size}) exceeds the rows per step "
             f"(rollout.prompts_per_step × rollout.num_generations = {rows})."
         )
+    _check_sampling_and_kl(config)
     if config.update.on_policy_logprobs == "on" and not exactly_on_policy(config):
         raise ConfigError(
             "'update.on_policy_logprobs' needs one exactly on-policy update: update.epochs=1, "
@@ -264,6 +265,29 @@ def _check_consistency(config: Config) -> None:
         raise ConfigError(
             "'update.on_policy_values' needs one update pass: update.epochs=1, "
             f"update.minibatch_size={rows} (all rows of a step), no micro-batches and no dist.shard_base."
+        )
+
+
+def _check_sampling_and_kl(config: Config) -> None:
+    """Settings whose numbers would be silently wrong (docs/algorithms.md, "Settings llmrl refuses").
+
+    - rollout.top_p < 1: the sampler draws from the nucleus, renormalised, but log π_old and the
+      update's log π are those of the full tempered policy, so the ratio π_θ/π_old is not the one
+      of the policy that sampled.
+    - kl.estimator k1 in the loss: E_{a∼π}[∇(log π − log π_ref)] = Σ_a π ∇log π = ∇Σ_a π = 0, so
+      β·k1 adds only noise to the gradient and regularises nothing.
+    """
+    if config.rollout.top_p < 1:
+        raise ConfigError(
+            f"'rollout.top_p' is {config.rollout.top_p:g}, but training samples at top_p=1: log π_old and the "
+            "update's log π are of the full tempered policy, not of the truncated nucleus, so the PPO ratio would "
+            "not be the sampler's; lower rollout.temperature instead."
+        )
+    if config.kl.estimator == "k1" and config.kl.placement == "loss" and config.kl.beta > 0:
+        raise ConfigError(
+            "'kl.estimator' k1 with kl.placement=loss regularises nothing: the expected gradient of "
+            "log π − log π_ref under the policy's own samples is zero; use kl.estimator=k3 (or k2) in the loss, "
+            "or kl.placement=reward."
         )
 
 

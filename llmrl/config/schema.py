@@ -71,7 +71,8 @@ class RolloutConfig:
     num_generations: int = opt(1, "G: responses per prompt (rows of a group are contiguous)", min=1)
     max_new_tokens: int = opt(5, "longest response in tokens", min=1)
     temperature: float = opt(1.0, "sampling temperature (the policy is softmax(logits / T))", gt=0)
-    top_p: float = opt(1.0, "nucleus sampling mass", gt=0, max=1)
+    top_p: float = opt(1.0, "nucleus sampling mass; training refuses < 1, whose PPO ratio would not be the "
+                       "sampler's (docs/algorithms.md)", gt=0, max=1)
     generation_logprobs: bool = opt(
         True, "take log π_old of the drawn tokens from the decoding logits instead of a second no-grad "
         "forward of the actor (same float32 math; float16/bfloat16 models always use the forward)",
@@ -98,7 +99,7 @@ class KLConfig:
     )
     adaptive: bool = opt(False, "adapt β towards kl.target (Ziegler et al. 2019)")
     target: float = opt(0.1, "target KL per sequence for the adaptive controller", gt=0)
-    horizon: int = opt(10000, "adaptive controller horizon in samples", min=1)
+    horizon: int = opt(10000, "adaptive controller horizon in samples (β moves by at most 20 % a step)", min=1)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ uniforms. The engine samples from the stack's current adapters, so `sync` has no
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -17,6 +17,7 @@ from transformers import DynamicCache
 
 from ..models.prefix import distinct_prompts, shared_prefill, with_cache
 from ..models.stack import PolicyStack, tempered, token_logprobs
+from ..models.tokenizer import stop_token_ids
 from ..parallel.distributed import SINGLE, DistContext
 from .base import Generation, GenerationRequest, register_engine, row_keys
 
@@ -62,7 +63,7 @@ def generate(
     prompt_mask: Tensor,
     *,
     max_new_tokens: int,
-    eos_id: int,
+    eos_id: int | Sequence[int],
     pad_id: int,
     temperature: float = 1.0,
     top_p: float = 1.0,
@@ -77,8 +78,10 @@ def generate(
     (untruncated) tempered policy, computed from the decoding logits in at least float32 exactly as
     a full forward computes it (`stack.token_logprobs`), so it serves as log π_old. With
     `stack.share_prompts`, each distinct prompt is prefilled once and its cache shared by its
-    samples (models/prefix.py). `all_done(finished here) -> stop`: with a sharded base every forward
-    is a collective, so decoding stops only when every process is done (`DistContext.all_done`).
+    samples (models/prefix.py). `eos_id`: one stop id or several (`models.tokenizer.stop_token_ids`);
+    a row ends at its first, which its mask includes. `all_done(finished here) -> stop`: with a
+    sharded base every forward is a collective, so decoding stops only when every process is done
+    (`DistContext.all_done`).
     """
     model = stack.lm
     attention = prompt_mask.long()
@@ -88,6 +91,7 @@ def generate(
     logits = shared_prefill(model, prompt_ids, attention, positions, cache, groups)
     n = prompt_ids.shape[0]
     done = torch.zeros(n, dtype=torch.bool, device=prompt_ids.device)
+    stop = torch.as_tensor(eos_id, device=prompt_ids.device).reshape(-1)
     tokens, masks, lps = [], [], []
     position = positions[:, -1:]
     for t in range(max_new_tokens):
@@ -99,7 +103,7 @@ def generate(
             lps.append(torch.where(done, torch.zeros_like(lp), lp))
         masks.append(~done)
         tokens.append(token)
-        done = done | (token == eos_id)
+        done = done | torch.isin(token, stop)
         finished = bool(done.all())
         if (finished if all_done is None else all_done(finished)) or t == max_new_tokens - 1:
             break
@@ -117,7 +121,7 @@ class HFEngine:
     """Decodes from the policy stack itself under the request's role (`generate` above)."""
 
     stack: PolicyStack
-    eos_id: int
+    stop_ids: int | Sequence[int]  # the tokenizer's EOS and the generation config's end-of-turn ids
     pad_id: int
     dist: DistContext = SINGLE
     name: str = "hf"
@@ -129,7 +133,7 @@ class HFEngine:
         mask = request.prompt_mask.to(device).repeat_interleave(g, 0)
         uniforms = None if request.keys is None else key_uniforms(request.keys, settings.max_new_tokens).to(ids.device)
         with self.stack.use(request.role):
-            return generate(self.stack, ids, mask, max_new_tokens=settings.max_new_tokens, eos_id=self.eos_id,
+            return generate(self.stack, ids, mask, max_new_tokens=settings.max_new_tokens, eos_id=self.stop_ids,
                             pad_id=self.pad_id, temperature=settings.temperature, top_p=settings.top_p,
                             uniforms=uniforms, logprobs=request.logprobs, all_done=self.dist.all_done)
 
@@ -139,5 +143,5 @@ class HFEngine:
 
 @register_engine("hf")
 def hf_engine(*, stack: PolicyStack, tokenizer: Any, config: Any = None, dist: DistContext = SINGLE) -> HFEngine:
-    """The `hf` engine of a run: the stack, the tokenizer's EOS and pad ids, the run's collectives."""
-    return HFEngine(stack, tokenizer.eos_token_id, tokenizer.pad_token_id, dist)
+    """The `hf` engine of a run: the stack, its stop and pad ids, the run's collectives."""
+    return HFEngine(stack, stop_token_ids(tokenizer, stack.lm), tokenizer.pad_token_id, dist)

@@ -1,4 +1,4 @@
-"""The character tokenizer of the built-in `tiny` model.
+"""The character tokenizer of the built-in `tiny` model, and the stop tokens of any model.
 
 One token per character of the arithmetic alphabet, plus four specials. It is a real
 `transformers.PreTrainedTokenizerFast`, so it saves and loads like any Hugging Face tokenizer and
@@ -6,6 +6,8 @@ One token per character of the arithmetic alphabet, plus four specials. It is a 
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
@@ -29,3 +31,16 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
         padding_side="left",
     )
     return tok
+
+
+def stop_token_ids(tokenizer: Any, model: Any) -> list[int]:
+    """The ids that end a completion: tokenizer.eos_token_id ∪ model.generation_config.eos_token_id
+    (an int or a list: Llama-3-style chat models list <|end_of_text|> and <|eot_id|>), the union
+    transformers' `generate` stops on; in that order, without repeats."""
+    config = getattr(model, "generation_config", None)
+    ids: list[int] = []
+    for source in (tokenizer.eos_token_id, getattr(config, "eos_token_id", None)):
+        for i in [source] if isinstance(source, int) else list(source or []):
+            if int(i) not in ids:
+                ids.append(int(i))
+    return ids

@@ -20,6 +20,17 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from ..errors import ConfigError
 
 
+def check_score_head(source: str, model: Any, missing: Any) -> None:
+    """Refuse a checkpoint without the classifier's weights (e.g. a ...ForCausalLM folder): the
+    head transformers would initialise at random scores noise (the mirror of `models.load.check_causal`)."""
+    if not missing:
+        return
+    archs = getattr(model.config, "architectures", None) or []
+    kind = f"a {archs[0]}, not a sequence classifier" if archs else "not a trained sequence classifier"
+    raise ConfigError(f"Reward model '{source}' is {kind}: its checkpoint has no {', '.join(sorted(missing))}, "
+                      "so its score head would be random.")
+
+
 class RewardModel:
     """Callable `rm(prompts, completions, **columns) -> list[float]` over a frozen classifier."""
 
@@ -28,11 +39,12 @@ class RewardModel:
         self.source, self.batch_size, self.device = source, batch_size, device
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-            self.model = AutoModelForSequenceClassification.from_pretrained(
-                source, dtype=dtype, trust_remote_code=trust_remote_code)
+            self.model, info = AutoModelForSequenceClassification.from_pretrained(
+                source, dtype=dtype, trust_remote_code=trust_remote_code, output_loading_info=True)
         except (OSError, ValueError, KeyError) as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise ConfigError(f"Cannot load reward model '{source}' as a sequence classifier: {first}") from None
+        check_score_head(source, self.model, info["missing_keys"])
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token or self.tokenizer.unk_token
         self.model.config.pad_token_id = self.tokenizer.pad_token_id

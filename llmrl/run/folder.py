@@ -7,6 +7,7 @@ never leaves a half-written file under its final name.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -39,6 +40,22 @@ def atomic_write(path: Path, data: str | bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every NaN or ±inf float (a skipped update's loss, say) replaced by None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def to_json(value: Any, **kwargs: Any) -> str:
+    """json.dumps that writes valid JSON only: non-finite floats become null (never `NaN`/`Infinity`)."""
+    return json.dumps(_finite(value), allow_nan=False, **kwargs)
 
 
 def json_lines(path: Path) -> list[dict[str, Any]]:
@@ -116,14 +133,14 @@ class RunFolder:
             raise RunFailed(f"Cannot append to {self.path / name}: {exc.strerror or exc}.") from None
 
     def log_metrics(self, row: dict[str, Any]) -> None:
-        self._append("metrics.jsonl", [json.dumps(row) + "\n"])
+        self._append("metrics.jsonl", [to_json(row) + "\n"])
 
     def log_completions(self, rows: list[dict[str, Any]]) -> None:
         """Append sampled {step, prompt, completion, reward, …} rows to completions.jsonl."""
-        self._append("completions.jsonl", [json.dumps(r, ensure_ascii=False) + "\n" for r in rows])
+        self._append("completions.jsonl", [to_json(r, ensure_ascii=False) + "\n" for r in rows])
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        atomic_write(self.path / "summary.json", json.dumps(summary, indent=2) + "\n")
+        atomic_write(self.path / "summary.json", to_json(summary, indent=2) + "\n")
 
     def save_models(self, stack: PolicyStack) -> None:
         """adapters/actor and adapters/critic in PEFT format; the value head as safetensors."""

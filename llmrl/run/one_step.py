@@ -21,6 +21,7 @@ from typing import Any, Iterator
 
 import torch
 
+from ..models.tokenizer import stop_token_ids
 from ..parallel.stats import batch_means, sequence_kl
 from ..step.estimate import estimate, shape_rewards, token_kl
 from ..step.forward import forward
@@ -85,7 +86,7 @@ def run_step(s: Session, step: int) -> StepReport:
     beta = s.kl.beta
     with clock("estimate"):
         rewards, trained, overlong = apply_overlong(samples, shape_rewards(samples, scores, forwards, beta, cfg.kl),
-                                                    cfg, s.tokenizer.eos_token_id, s.dist)
+                                                    cfg, stop_token_ids(s.tokenizer, s.stack.lm), s.dist)
         targets = estimate(s.spec, samples, scores, forwards, rewards, cfg.estimator, s.dist)
     rows_trained = TrainRows.of(samples, forwards)
     if trained is not None:  # update.mask_truncated: the truncated rows weigh nothing in the losses

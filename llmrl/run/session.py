@@ -133,6 +133,8 @@ def check_context(task: Task, tokenizer: PreTrainedTokenizerBase, model_config: 
     if not limit:
         return
     for split, rows in (("train", task.train), ("eval", task.eval)):
+        if not rows:  # no held-out split (data.eval_fraction=0): tokenizing [] raises
+            continue
         lengths = [len(ids) for ids in tokenize_prompts(tokenizer, [r["prompt"] for r in rows]).input_ids]
         for i, n in enumerate(lengths):
             if n + max_new_tokens > limit:

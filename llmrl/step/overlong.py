@@ -8,7 +8,7 @@ EOS: generation was cut, so its reward judges an unfinished answer.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor
@@ -19,11 +19,12 @@ from ..parallel.distributed import SINGLE, DistContext
 from .records import Samples
 
 
-def truncated_rows(samples: Samples, eos_id: int | None, max_new_tokens: int) -> Tensor:
-    """(N,) bool: the response has `max_new_tokens` tokens and its last token is not EOS."""
+def truncated_rows(samples: Samples, stop_ids: int | Sequence[int], max_new_tokens: int) -> Tensor:
+    """(N,) bool: the response has `max_new_tokens` tokens and its last token is not a stop token."""
     mask = samples.response_mask
     last = samples.response_ids.gather(1, last_token_index(mask)[:, None]).squeeze(1)
-    return (mask.sum(-1) >= max_new_tokens) & (last != eos_id)
+    stop = torch.as_tensor(stop_ids, device=last.device).reshape(-1)
+    return (mask.sum(-1) >= max_new_tokens) & ~torch.isin(last, stop)
 
 
 def overlong_penalty(lengths: Tensor, max_new_tokens: int, buffer: float, penalty: float) -> Tensor:
@@ -37,7 +38,7 @@ def overlong_penalty(lengths: Tensor, max_new_tokens: int, buffer: float, penalt
     return -penalty * ((lengths - (max_new_tokens - cache)) / cache).clamp(0.0, 1.0)
 
 
-def apply_overlong(samples: Samples, rewards: Tensor, config: Config, eos_id: int | None,
+def apply_overlong(samples: Samples, rewards: Tensor, config: Config, stop_ids: int | Sequence[int],
                    dist: DistContext = SINGLE) -> tuple[Tensor, Tensor | None, dict[str, Any]]:
     """(rewards, the response mask the update trains on or None, logged stats) after the overlong
     settings.
@@ -53,7 +54,7 @@ def apply_overlong(samples: Samples, rewards: Tensor, config: Config, eos_id: in
     if buffer is None and not mask_cut:
         return rewards, None, {}
     max_new = config.rollout.max_new_tokens
-    cut = truncated_rows(samples, eos_id, max_new)
+    cut = truncated_rows(samples, stop_ids, max_new)
     sums = [float(cut.sum())]
     if buffer is not None:
         mask = samples.response_mask

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Callable, Sequence
 
 import torch
@@ -37,7 +38,8 @@ def score_texts(reward_fn: Callable[..., Sequence[float]], rows: Sequence[dict[s
     """(N,) float32 rewards for row-aligned `rows` (dicts with 'prompt' and extra columns).
 
     The reward function is called as `reward_fn(prompts, completions, **columns)`. A function that
-    raises, returns the wrong count or a non-finite value stops the run with a `RunFailed`.
+    raises or calls sys.exit, returns something other than one real number per completion, or a
+    value that float32 cannot hold (NaN, ±inf, |r| > 3.4e38) stops the run with a `RunFailed`.
     """
     return score_parts(reward_fn, rows, completions)[0]
 
@@ -56,21 +58,68 @@ def score_parts(reward_fn: Callable[..., Sequence[float]], rows: Sequence[dict[s
     total = torch.zeros(len(completions), dtype=torch.float32)
     for c in components:
         total = total + c.weight * parts[c.label]
+    if not torch.isfinite(total).all():
+        i = int((~torch.isfinite(total)).nonzero()[0])
+        raise RewardFailed(f"The weighted reward Σ weight·r of completion {i} overflows float32 "
+                           f"({', '.join(f'{c.label}: {float(parts[c.label][i]):g}' for c in components)}); "
+                           "scale the terms or their weights down.")
     return total, parts
+
+
+F32_MAX = torch.finfo(torch.float32).max  # ≈ 3.4028e38: rewards are float32 tensors from here on
 
 
 def _checked(name: str, fn: Callable[..., Sequence[float]], prompts: list[Any], completions: Sequence[str],
              columns: dict[str, list[Any]]) -> Tensor:
+    """(N,) float32: one real number per completion, each finite in float32, or a RewardFailed
+    naming the function and saying what it did (raised, called sys.exit, returned something else)."""
     try:
-        values = list(fn(prompts, list(completions), **columns))
-    except Exception as exc:  # a user's function: report it, never a traceback
-        raise RewardFailed(f"Reward function '{name}' raised {type(exc).__name__}: {exc}.") from exc
+        returned = fn(prompts, list(completions), **columns)
+    except (Exception, SystemExit) as exc:  # a user's function: report it, never a traceback or its exit
+        how = f"called sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else f"raised {type(exc).__name__}: {exc}"
+        raise RewardFailed(f"Reward function '{name}' {how}.") from exc
+    values = _as_list(name, returned)
     if len(values) != len(completions):
         raise RewardFailed(f"Reward function '{name}' returned {len(values)} values for {len(completions)} completions.")
-    try:
-        floats = [float(v) for v in values]
-    except (TypeError, ValueError):
-        raise RewardFailed(f"Reward function '{name}' returned a value that is not a number.") from None
-    if not all(math.isfinite(v) for v in floats):
-        raise RewardFailed(f"Reward function '{name}' returned NaN or infinity.")
+    floats = []
+    for i, v in enumerate(values):
+        x = _number(v)
+        if x is None:
+            raise RewardFailed(f"Reward function '{name}' returned {_what(v)} for completion {i}, not a number.")
+        if not math.isfinite(x):
+            raise RewardFailed(f"Reward function '{name}' returned NaN or infinity ({x} for completion {i}).")
+        if abs(x) > F32_MAX:
+            raise RewardFailed(f"Reward function '{name}' returned {x:g} for completion {i}, beyond the float32 "
+                               f"range (|r| ≤ {F32_MAX:.4g}) rewards are trained in; scale it down.")
+        floats.append(x)
     return torch.tensor(floats, dtype=torch.float32)
+
+
+def _as_list(name: str, returned: Any) -> list[Any]:
+    """A list, tuple (any non-text Sequence) or 1-D tensor/array as a list; anything else refused."""
+    if hasattr(returned, "tolist") and hasattr(returned, "ndim"):  # torch.Tensor, numpy.ndarray
+        if returned.ndim != 1:
+            raise RewardFailed(f"Reward function '{name}' returned an array of shape {tuple(returned.shape)}, "
+                               "not one number per completion.")
+        return list(returned.tolist())
+    if isinstance(returned, Sequence) and not isinstance(returned, (str, bytes)):
+        return list(returned)
+    raise RewardFailed(f"Reward function '{name}' returned {_what(returned)}, not a list of numbers.")
+
+
+def _number(v: Any) -> float | None:
+    """`v` as a float when it is a real number (int, float, a numpy or 0-d tensor one), not a bool."""
+    if getattr(v, "ndim", None) == 0 and hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        return None
+    return float(v)
+
+
+def _what(v: Any) -> str:
+    """A short description of a returned object for an error message."""
+    if v is None:
+        return "None"
+    if isinstance(v, (str, bytes)):
+        return f"the {type(v).__name__} {v[:40]!r}"
+    return f"a {type(v).__name__}"
