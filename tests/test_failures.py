@@ -63,18 +63,21 @@ def test_reward_failure_checkpoints_then_stops(tiny_model_dir: Path, tmp_path: P
 
 
 def test_non_finite_steps_stop_the_run(tiny_model_dir: Path, tmp_path: Path, monkeypatch) -> None:
-    import llmrl.step.update as update_mod
+    from dataclasses import replace
 
-    real = update_mod.policy_loss
+    from llmrl.losses import POLICY_LOSSES
+
+    real = POLICY_LOSSES["ppo"].fn
 
     def poisoned(*args, **kwargs):
         out = real(*args, **kwargs)
         return type(out)(out.loss * math.inf, out.clip_frac, out.approx_kl)
 
-    monkeypatch.setattr(update_mod, "policy_loss", poisoned)
+    # a policy loss whose value is infinite, chosen by name like any other (losses.py registry)
+    monkeypatch.setitem(POLICY_LOSSES, "poisoned", replace(POLICY_LOSSES["ppo"], name="poisoned", fn=poisoned))
     monkeypatch.setitem(TASKS, "flaky", lambda: _task_with(_breaking_after(10**6, None)))
     config = load_config(overrides={"model.name": str(tiny_model_dir), "task": "flaky", "out": str(tmp_path / "r"), **SMALL},
-                         sets=["update.max_bad_steps=2"])
+                         sets=["update.max_bad_steps=2", "update.policy_loss=poisoned"])
     with pytest.raises(RunFailed, match="2 steps in a row had a non-finite loss or gradient"):
         train(config)
     rows = read_run(tmp_path / "r").metrics

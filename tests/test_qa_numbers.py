@@ -27,7 +27,7 @@ from llmrl.config.schema import LoraConfig
 from llmrl.engines import build_engine
 from llmrl.engines.hf import generate
 from llmrl.run.evaluate import evaluate
-from llmrl.step.score import RewardFailed, score_parts, score_texts as score
+from llmrl.step.score import RewardFailed, score_parts, score_texts
 from llmrl.step.generate import encode_prompts
 from llmrl.errors import ConfigError
 from llmrl.kl_control import KLController
@@ -134,7 +134,7 @@ def _returning(value: Any):
 ])
 def test_a_reward_that_returns_anything_but_numbers_is_named(returned: Any, message: str) -> None:
     with pytest.raises(RewardFailed) as info:
-        score(_returning(returned), ROWS, COMPLETIONS)
+        score_texts(_returning(returned), ROWS, COMPLETIONS)
     assert str(info.value) == f"Reward function '_returning.<locals>.bad' {message}"
 
 
@@ -144,7 +144,7 @@ def test_a_reward_that_returns_anything_but_numbers_is_named(returned: Any, mess
     ([-3.4e38, 3.4e38], [-3.4e38, 3.4e38]),  # just inside float32's range (3.4028e38)
 ])
 def test_sequences_arrays_and_numpy_numbers_are_rewards(returned: Any, want: list[float]) -> None:
-    got = score(_returning(returned), ROWS, COMPLETIONS)
+    got = score_texts(_returning(returned), ROWS, COMPLETIONS)
     assert got.dtype == torch.float32 and torch.isfinite(got).all()
     scale = max(abs(w) for w in want)  # compare relative to the largest reward: 3.4e38 → 1
     torch.testing.assert_close(got.double() / scale, torch.tensor(want, dtype=torch.float64) / scale, atol=1e-4, rtol=0)
@@ -154,7 +154,7 @@ def test_a_reward_that_calls_sys_exit_is_a_failure_not_an_exit() -> None:
     def quits(prompts, completions, **columns):
         sys.exit(0)
     with pytest.raises(RewardFailed, match=r"^Reward function '.*quits' called sys.exit\(0\).$"):
-        score(quits, ROWS, COMPLETIONS)
+        score_texts(quits, ROWS, COMPLETIONS)
 
 
 def test_a_weighted_sum_beyond_float32_names_its_terms() -> None:

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from llmrl import load_config
 from llmrl.run.checkpoint import list_checkpoints
 from llmrl.cli import app
-from llmrl.step.score import RewardFailed, score, score_parts
+from llmrl.step.score import RewardFailed, score_parts, score_texts
 from llmrl.errors import ConfigError
 from llmrl.models.tokenizer import build_char_tokenizer
 from llmrl.rewards import build_reward
@@ -88,7 +88,7 @@ def test_module_and_file_functions_with_options_and_columns(user_module: Path) -
     # with_answer ignores 'id' (it takes no **kwargs): [2·1, 2·0]; length: [2, 3]; total 0.5·w + 1·len
     assert parts["myrewards:with_answer"].tolist() == [2.0, 0.0] and parts["len"].tolist() == [2.0, 3.0]
     assert total.tolist() == [3.0, 3.0]
-    assert score(reward, rows, ["ab", "xyz"]).tolist() == [3.0, 3.0]
+    assert score_texts(reward, rows, ["ab", "xyz"]).tolist() == [3.0, 3.0]
 
 
 def test_duplicate_labels_get_a_suffix() -> None:
@@ -140,7 +140,7 @@ def test_missing_column_and_file_that_raises_on_import(tmp_path: Path) -> None:
 def test_a_failing_term_is_named(user_module: Path, name: str, message: str) -> None:
     reward = _build("numeric", f"myrewards:{name}")
     with pytest.raises(RewardFailed, match=f"Reward function 'myrewards:{name}' {message}"):
-        score(reward, [{"prompt": "p", "answer": "1"}] * 2, ["1", "2"])
+        score_texts(reward, [{"prompt": "p", "answer": "1"}] * 2, ["1", "2"])
 
 
 def test_config_accepts_names_and_mappings(tmp_path: Path) -> None:
