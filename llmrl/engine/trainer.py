@@ -39,7 +39,7 @@ from ..memory import peak_device_mib, peak_rss_mib, role_costs
 from ..models.load import load_base
 from ..models.prompts import apply_chat_setting, tokenize_prompts
 from ..models.stack import PolicyStack
-from ..run_folder import ReaderFolder, RunFolder, read_run, Run
+from ..run_folder import ReaderFolder, RunFolder, folder_locks, read_run, Run
 from ..tasks import Task, task_from_config
 from .advantages import estimate, sequence_kl, shape_rewards
 from .completions import due, sample_rows
@@ -237,11 +237,15 @@ def _state(s: Session, step: int, before: EvalResult | None, elapsed: float) -> 
     }
 
 
-def _restore(s: Session) -> tuple[int, EvalResult | None, float]:
-    """Load the newest checkpoint into the session: (completed steps, eval-before, elapsed seconds)."""
+def _restore(s: Session) -> tuple[int, EvalResult | None, float] | None:
+    """Load the newest checkpoint into the session: (completed steps, eval-before, elapsed seconds);
+    None for a run that stopped before completing a step and has no checkpoint."""
     found = s.dist.broadcast_object(list_checkpoints(s.folder.path))
     if not found:
-        raise LLMRLError(f"'{s.folder.path}' has no checkpoint to resume from; start it again with --overwrite.")
+        if s.dist.broadcast_object(read_run(s.folder.path).metrics if s.dist.is_main else []):
+            raise LLMRLError(f"'{s.folder.path}' has no checkpoint to resume from; start it again with --overwrite.")
+        s.folder.truncate_metrics(0)
+        return None  # stopped before its first step: nothing was trained, so it starts from the beginning
     state = load_checkpoint(found[-1], s.stack)
     for role, opt in s.opts.items():
         opt.load_state_dict(state["optimizers"][role])
@@ -264,7 +268,7 @@ def train(config: Config, reporter: Reporter | None = None, overwrite: bool = Fa
     Launched by torchrun with W > 1 processes, every process calls this; rank 0 alone reports and
     writes the run folder (the others return the run with empty metrics).
     """
-    with distributed(config.model.device, config.dist.timeout_s) as dist:
+    with distributed(config.model.device, config.dist.timeout_s) as dist, folder_locks():
         return _train(config, (reporter or NullReporter()) if dist.is_main else NullReporter(), overwrite, resume, dist)
 
 
@@ -288,11 +292,13 @@ def _train(config: Config, reporter: Reporter, overwrite: bool, resume: bool, di
     s = setup(config, reporter, overwrite, resume, dist)
     start, elapsed = 0, 0.0
     reporter.start(config, role_costs(s.stack), s.folder.path)
-    if resume:
-        start, before, elapsed = _restore(s)
+    restored = _restore(s) if resume else None
+    if restored is not None:
+        start, before, elapsed = restored
         reporter.resumed(start)
     else:
-        before = run_eval(s)
+        resume = False
+        before = _first_eval(s)
     reporter.evaluated(0, before)
     trackers = open_trackers(config, s.folder.path, start) if s.dist.is_main else Trackers([])
     if before is not None and not resume:
@@ -315,6 +321,15 @@ def _train(config: Config, reporter: Reporter, overwrite: bool, resume: bool, di
     return _finish(s, reporter, trackers, progress, before, wall)
 
 
+def _first_eval(s: Session) -> EvalResult | None:
+    """The evaluation before training; Ctrl-C during it says how to start the run again."""
+    try:
+        return run_eval(s)
+    except KeyboardInterrupt:
+        raise LLMRLError(f"Interrupted before the first step; nothing was trained. Start it again with: "
+                         f"llmrl train --resume {s.folder.path}", exit_code=130) from None
+
+
 def _one_step(s: Session, step: int, reporter: Reporter, trackers: Trackers, stop: Any, progress: _Progress,
               before: EvalResult | None, wall: Callable[[], float]) -> None:
     """Train step `step`, evaluate when due, log, checkpoint when due; raise RunFailed after
@@ -331,9 +346,9 @@ def _one_step(s: Session, step: int, reporter: Reporter, trackers: Trackers, sto
     reporter.step(row)
     progress.bad = progress.bad + 1 if row["skipped_updates"] else 0
     if progress.bad >= config.update.max_bad_steps:
+        newest = f"; the newest good checkpoint is after step {progress.saved}" if progress.saved else ""
         raise RunFailed(
-            f"Stopped: {progress.bad} steps in a row had a non-finite loss or gradient (last at step {step + 1}); "
-            f"the newest good checkpoint is after step {progress.saved}."
+            f"Stopped: {progress.bad} steps in a row had a non-finite loss or gradient (last at step {step + 1}){newest}."
         )
     every = config.checkpoint.every
     stopping = s.dist.any(stop.requested)  # every rank stops at the same step
