@@ -221,7 +221,7 @@ def test_relative_paths_are_stored_absolute(tiny_model_dir: Path, tmp_path: Path
     stored = yaml.safe_load((out / "config.yaml").read_text())
     assert stored["model"]["name"] == str(tiny_model_dir.resolve())
     assert stored["data"]["dataset"] == stored["data"]["eval_dataset"] == str(here / "data" / "sums.jsonl")
-    assert stored["reward"]["functions"] == [f"{here / 'rw.py'}:score"]
+    assert stored["reward"]["functions"] == [{"name": f"{here / 'rw.py'}:score"}]
     resumed = _cli(["train", "--resume", str(out), "--steps", "2"], cwd=elsewhere)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     evaluated = _cli(["eval", "--model", str(out), "--size", "2"], cwd=elsewhere)
