@@ -5,7 +5,7 @@ never leaves a half-written file under its final name; files get the permissions
 (0644 under umask 022), like any other file the user writes.
 
 A folder is a run when its config.yaml is an llmrl config and every entry is one llmrl writes
-(`is_run`); `--overwrite` removes only those entries, naming them on stderr. While a run writes to
+(`check_reusable`); `--overwrite` removes only those entries, naming them on stderr. While a run writes to
 its folder it holds RUN/.lock (its pid, created with O_EXCL): a second run on the same folder is
 refused; a lock whose process is gone (kill -9) is stale and taken over.
 """
@@ -98,13 +98,9 @@ def _llmrl_config(path: Path) -> bool:
     return isinstance(tree, dict) and CONFIG_KEYS <= tree.keys()
 
 
-def is_run(path: Path) -> bool:
-    """A run folder: its config.yaml is llmrl's and every entry is one llmrl writes (`OWN`)."""
-    return path.is_dir() and _llmrl_config(path) and all(_own(e.name) for e in path.iterdir())
-
-
 def check_reusable(path: Path) -> None:
-    """Refuse an --out folder that holds anything but a run (its lock alone counts as empty)."""
+    """Refuse an --out folder that holds anything but a run: a run is a config.yaml that llmrl wrote
+    and nothing but entries llmrl writes (`OWN`); a folder holding only a lock counts as empty."""
     names = sorted(e.name for e in path.iterdir() if e.name != LOCK) if path.is_dir() else []
     if not names:
         return
@@ -204,7 +200,10 @@ def folder_locks() -> Iterator[None]:
             release_lock(key)
 
 
-atexit.register(lambda: [release_lock(key) for key in list(_held)])
+@atexit.register
+def _release_all() -> None:
+    for key in list(_held):
+        release_lock(key)
 
 
 def absolute_paths(tree: dict[str, Any]) -> dict[str, Any]:

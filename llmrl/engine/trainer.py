@@ -297,11 +297,10 @@ def _train(config: Config, reporter: Reporter, overwrite: bool, resume: bool, di
         start, before, elapsed = restored
         reporter.resumed(start)
     else:
-        resume = False
         before = _first_eval(s)
     reporter.evaluated(0, before)
     trackers = open_trackers(config, s.folder.path, start) if s.dist.is_main else Trackers([])
-    if before is not None and not resume:
+    if before is not None and start == 0:
         trackers.log(_eval_scalars(before), step=0)
     wall = lambda: elapsed + time.perf_counter() - t0  # noqa: E731
     progress = _Progress(saved=start)
