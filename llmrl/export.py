@@ -43,8 +43,8 @@ RUN_MARKERS = (MARKER, "compare.json")  # a run folder, a compare folder
 
 
 def check_out(out: Path, overwrite: bool, run_dir: Path | None = None) -> None:
-    """Refuse an existing, non-empty `out` unless `overwrite`; never replace the run itself, a folder
-    that holds it, another run or compare, or a folder that is not a model (--overwrite deletes `out`)."""
+    """Refuse an existing, non-empty `out` unless `overwrite`; never replace a file, the run itself, a
+    folder that holds it, another run or compare, or a folder that is not a model (--overwrite deletes `out`)."""
     target = out.resolve()
     if run_dir is not None:
         run = run_dir.resolve()
@@ -52,7 +52,10 @@ def check_out(out: Path, overwrite: bool, run_dir: Path | None = None) -> None:
             raise LLMRLError(f"--out '{out}' is or contains the run folder '{run_dir}'; choose another --out.")
         if run in target.parents and target.relative_to(run).parts[0] in RUN_PARTS:
             raise LLMRLError(f"--out '{out}' is part of the run folder '{run_dir}'; choose another --out.")
-    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+    if out.exists() and not out.is_dir():
+        raise LLMRLError(f"'{out}' is a file, not a folder; --out names the folder to write the model into, "
+                         f"and llmrl never replaces a file there, so choose another --out.")
+    if not out.exists() or not any(out.iterdir()):
         return
     if not overwrite:
         raise LLMRLError(f"'{out}' already exists; pass --overwrite to replace it.")

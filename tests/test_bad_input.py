@@ -86,7 +86,10 @@ def test_output_folder_under_a_file(tiny_model_dir: Path, tmp_path: Path) -> Non
 
 
 def test_resume_without_a_checkpoint(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Steps were logged but none checkpointed (a run with no completed step restarts instead:
+    test_qa_files.py)."""
     (tmp_path / "config.yaml").write_text(f"algo: ppo\nmodel:\n  name: {tiny_model_dir}\n")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     _one_line(*_run(["train", "--resume", str(tmp_path)]), 2,
               f"'{tmp_path}' has no checkpoint to resume from; start it again with --overwrite.")
 

@@ -19,7 +19,7 @@ from ..errors import ConfigError
 
 @dataclass(frozen=True)
 class EstimatorInput:
-    """What every estimator receives (shapes as in `llmrl.batch`).
+    """What every estimator receives (shapes as in `llmrl.step.records`).
 
     token_rewards   (N, T) r_t: the score on each response's last token, plus −β·KL_t when the KL
                     is in the reward; 0 where masked

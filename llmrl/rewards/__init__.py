@@ -121,6 +121,16 @@ def _bind(fn: Callable[..., Sequence[float]], options: dict[str, Any]) -> Callab
     return call
 
 
+def check_columns(specs: Iterable[Mapping[str, Any] | str], columns: set[str], source: str) -> None:
+    """Refuse a built-in of `specs` that reads a column `source` (a second file, e.g. the eval
+    dataset) lacks, naming that file; `build_reward` checks the first."""
+    for spec in specs:
+        entry = {"name": spec} if isinstance(spec, str) else dict(spec)
+        name = entry.get("name")
+        if name in COLUMN_READERS:
+            _check_builtin(name, {k: v for k, v in entry.items() if k not in RESERVED}, columns, source)
+
+
 def _check_builtin(name: str, options: dict[str, Any], columns: set[str], source: str) -> None:
     """Options of the built-ins that would otherwise fail at the first call."""
     if name in COLUMN_READERS:
@@ -145,4 +155,4 @@ def _check_builtin(name: str, options: dict[str, Any], columns: set[str], source
             raise ConfigError(f"Reward 'length_penalty': 'target' must be a positive whole number of characters, got {target!r}.")
 
 
-__all__ = ["BUILTINS", "Component", "WeightedReward", "build_reward"]
+__all__ = ["BUILTINS", "Component", "WeightedReward", "build_reward", "check_columns"]

@@ -1,19 +1,28 @@
 """The run folder: config.yaml, metrics.jsonl, summary.json, adapters/ and value_head.safetensors.
 
 Every file but the metrics log is written atomically (temporary name, fsync, rename), so a crash
-never leaves a half-written file under its final name.
+never leaves a half-written file under its final name; files get the permissions the umask gives
+(0644 under umask 022), like any other file the user writes.
+
+A folder is a run when its config.yaml is an llmrl config and every entry is one llmrl writes
+(`check_reusable`); `--overwrite` removes only those entries, naming them on stderr. While a run writes to
+its folder it holds RUN/.lock (its pid, created with O_EXCL): a second run on the same folder is
+refused; a lock whose process is gone (kill -9) is stale and taken over.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
 import shutil
+import sys
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 from safetensors.torch import save_file
@@ -21,14 +30,26 @@ from safetensors.torch import save_file
 from ..config import Config, to_tree
 from ..errors import LLMRLError, RunFailed
 from ..models.stack import PolicyStack
+from ..rewards.builtin import BUILTINS
 
 MARKER = "config.yaml"
 RUN_PARTS = ("adapters", "checkpoints", "tensorboard", "value_head.safetensors", MARKER, "metrics.jsonl",
              "summary.json", "completions.jsonl", "curves.png")  # every entry a run folder can hold (README)
+LOCK = ".lock"
+OWN = (*RUN_PARTS, "wandb", ".wandb-id", LOCK)  # everything llmrl writes into a run folder
+CONFIG_KEYS = {"algo", "model", "rollout", "update"}  # top-level keys every stored config.yaml has
+
+
+def file_mode() -> int:
+    """The permissions a new file gets under the current umask: 0o666 & ~umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def atomic_write(path: Path, data: str | bytes) -> None:
-    """Write `data` to `path` through a temporary sibling, fsync and rename."""
+    """Write `data` to `path` through a temporary sibling, fsync and rename; the file gets the
+    umask's permissions (mkstemp alone would make it 0600)."""
     mode = "wb" if isinstance(data, bytes) else "w"
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
@@ -36,6 +57,7 @@ def atomic_write(path: Path, data: str | bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+            os.fchmod(fh.fileno(), file_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -79,6 +101,165 @@ def _step_of(line: str) -> float:
         return float("inf")
 
 
+def _own(name: str) -> bool:
+    """An entry llmrl writes into a run folder, or the temporary sibling of one ('.config.yaml.x1y2')."""
+    return name in OWN or any(name.startswith(f".{part}.") for part in RUN_PARTS)
+
+
+def _llmrl_config(path: Path) -> bool:
+    """Whether `path`/config.yaml is a config llmrl wrote: a mapping with its top-level sections."""
+    try:
+        tree = yaml.safe_load((path / MARKER).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(tree, dict) and CONFIG_KEYS <= tree.keys()
+
+
+def check_reusable(path: Path) -> None:
+    """Refuse an --out folder that holds anything but a run: a run is a config.yaml that llmrl wrote
+    and nothing but entries llmrl writes (`OWN`); a folder holding only a lock counts as empty."""
+    names = sorted(e.name for e in path.iterdir() if e.name != LOCK) if path.is_dir() else []
+    if not names:
+        return
+    if MARKER not in names:  # never mix a run into, or later delete, other files
+        raise LLMRLError(f"'{path}' is not empty and holds no run; choose an empty or new --out folder.")
+    foreign = [n for n in names if not _own(n)]
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise LLMRLError(f"'{path}' holds a config.yaml but also files llmrl did not write ({shown}); llmrl never "
+                         f"deletes them, so choose an empty or new --out folder.")
+    if not _llmrl_config(path):
+        raise LLMRLError(f"'{path}/{MARKER}' is not an llmrl run's config; choose an empty or new --out folder.")
+
+
+def remove_run(path: Path) -> None:
+    """Delete a run's entries (all of them llmrl's, `check_reusable`), saying which on stderr; the lock stays."""
+    entries = sorted((e for e in path.iterdir() if e.name != LOCK), key=lambda e: e.name)
+    shown = ", ".join(e.name + ("/" if e.is_dir() else "") for e in entries)
+    print(f"Replacing the run in '{path}' (--overwrite): removing {shown}.", file=sys.stderr)
+    for e in entries:
+        shutil.rmtree(e) if e.is_dir() and not e.is_symlink() else e.unlink()
+
+
+_held: set[Path] = set()  # run folders whose lock this process holds
+
+
+def _start_time(pid: int) -> str:
+    """A process's start time (clock ticks since boot, field 22 of /proc/PID/stat), '' where unknown:
+    tells the run that wrote a lock from a later process that got the same pid."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _holder(lock: Path) -> str | None:
+    """Who holds `lock`: its pid while that process lives, None when the lock is stale."""
+    try:
+        pid_text, _, started = lock.read_text().partition(" ")
+    except FileNotFoundError:
+        return None
+    try:
+        pid = int(pid_text)
+    except ValueError:  # being written this instant, or damaged: never taken over silently
+        return f"unknown; if no run uses the folder, delete {lock}"
+    if pid == os.getpid():
+        return None  # a dead run's pid, now ours
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # alive, another user's
+    now, started = _start_time(pid), started.strip()
+    return str(pid) if not (now and started) or now == started else None
+
+
+def acquire_lock(path: Path) -> None:
+    """Create RUN/.lock (O_EXCL) holding 'pid start-time'; a live holder is refused, a stale lock replaced."""
+    key = path.resolve()
+    if key in _held:
+        return
+    lock = path / LOCK
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, file_mode())
+        except FileExistsError:
+            holder = _holder(lock)
+            if holder is not None:
+                raise LLMRLError(f"'{path}' is in use by another llmrl run (pid {holder}); wait for it to end "
+                                 f"or stop it first.") from None
+            lock.unlink(missing_ok=True)  # stale: its run was killed
+            continue
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"{os.getpid()} {_start_time(os.getpid())}\n")
+        _held.add(key)
+        return
+    raise LLMRLError(f"'{path}' is in use by another llmrl run that started at the same moment; try again.")
+
+
+def release_lock(path: Path) -> None:
+    """Remove RUN/.lock if this process holds it."""
+    key = path.resolve()
+    if key in _held:
+        _held.discard(key)
+        (path / LOCK).unlink(missing_ok=True)
+
+
+@contextmanager
+def folder_locks() -> Iterator[None]:
+    """Release, on the way out, every run-folder lock taken inside the block (a run's end, its error)."""
+    before = set(_held)
+    try:
+        yield
+    finally:
+        for key in _held - before:
+            release_lock(key)
+
+
+@atexit.register
+def _release_all() -> None:
+    for key in list(_held):
+        release_lock(key)
+
+
+def absolute_paths(tree: dict[str, Any]) -> dict[str, Any]:
+    """The config tree with every setting that names an existing local path (model, dataset, eval
+    dataset, reward file or reward-model folder) made absolute, so --resume and eval work from any
+    folder; hub ids, built-in names and 'module:function' stay as given."""
+    model, data = dict(tree["model"]), dict(tree["data"])
+    if model["name"] != "tiny":
+        model["name"] = _absolute(model["name"])
+    for key in ("dataset", "eval_dataset"):
+        data[key] = _absolute(data[key]) if data.get(key) else data.get(key)
+    reward = dict(tree["reward"])
+    if reward.get("functions"):
+        reward["functions"] = [_absolute_reward(f) for f in reward["functions"]]
+    return {**tree, "model": model, "data": data, "reward": reward}
+
+
+def _absolute(value: str) -> str:
+    path = Path(value).expanduser()
+    return str(path.resolve()) if path.exists() else value
+
+
+def _absolute_reward(entry: Any) -> Any:
+    """A reward.functions entry with its file ('x.py:fn') or reward-model folder made absolute."""
+    if isinstance(entry, str):
+        return _absolute_reward({"name": entry})["name"]
+    entry = dict(entry)
+    if isinstance(entry.get("model"), str):
+        entry["model"] = _absolute(entry["model"])
+    name = entry.get("name")
+    if isinstance(name, str):
+        target, sep, fn = name.rpartition(":")
+        if sep and target.endswith(".py"):
+            entry["name"] = f"{_absolute(target)}:{fn}"
+        elif not sep and name not in BUILTINS:  # a reward-model folder (a built-in's name stays one)
+            entry["name"] = _absolute(name)
+    return entry
+
+
 class RunFolder:
     """Writes one run's files under `path`."""
 
@@ -87,27 +268,30 @@ class RunFolder:
 
     @classmethod
     def create(cls, path: Path, overwrite: bool = False) -> "RunFolder":
-        """A fresh folder; one that already holds a run is refused unless `overwrite`."""
-        if (path / MARKER).exists():
-            if not overwrite:
-                raise LLMRLError(f"'{path}' already holds a run; pass --overwrite to replace it.")
-            shutil.rmtree(path)
-        elif path.is_dir() and any(path.iterdir()):  # never mix a run into, or later delete, other files
-            raise LLMRLError(f"'{path}' is not empty and holds no run; choose an empty or new --out folder.")
+        """A fresh folder, locked. A folder that holds a run is refused unless `overwrite`, which
+        removes the run's entries (named on stderr); a folder holding anything else is never used."""
+        check_reusable(path)
         try:
             path.mkdir(parents=True, exist_ok=True)
-            probe = path / ".write-test"
-            probe.write_text("")
-            probe.unlink()
+            acquire_lock(path)
         except OSError as exc:
             raise LLMRLError(f"Cannot write to run folder '{path}': {exc.strerror}.", exit_code=1) from None
+        if (path / MARKER).exists():
+            if not overwrite:
+                release_lock(path)
+                raise LLMRLError(f"'{path}' already holds a run; pass --overwrite to replace it.")
+            remove_run(path)
         return cls(path)
 
     @classmethod
     def open(cls, path: Path) -> "RunFolder":
-        """An existing run folder, to resume."""
+        """An existing run folder, to resume, locked."""
         if not (path / MARKER).is_file():
             raise LLMRLError(f"'{path}' is not a run folder (no {MARKER}); nothing to resume.")
+        try:
+            acquire_lock(path)
+        except OSError as exc:
+            raise LLMRLError(f"Cannot write to run folder '{path}': {exc.strerror}.", exit_code=1) from None
         return cls(path)
 
     def truncate_metrics(self, steps: int) -> None:
@@ -122,7 +306,8 @@ class RunFolder:
             atomic_write(f, "".join(line + "\n" for line in kept))
 
     def write_config(self, config: Config) -> None:
-        atomic_write(self.path / MARKER, yaml.safe_dump(to_tree(config), sort_keys=False))
+        """RUN/config.yaml, with local paths made absolute (`absolute_paths`)."""
+        atomic_write(self.path / MARKER, yaml.safe_dump(absolute_paths(to_tree(config)), sort_keys=False))
 
     def _append(self, name: str, lines: list[str]) -> None:
         """Append lines to a log file; a write that fails (disk full, …) stops the run cleanly."""

@@ -18,7 +18,7 @@ from ..config import Config
 from ..errors import LLMRLError, RunFailed
 from ..parallel.distributed import DistContext, distributed
 from .evaluate import EvalResult
-from .folder import Run, read_run
+from .folder import Run, folder_locks, read_run
 from .memory import role_costs
 from .one_step import run_step
 from .reporting import NullReporter, Reporter
@@ -38,7 +38,7 @@ def train(config: Config, reporter: Reporter | None = None, overwrite: bool = Fa
     Launched by torchrun with W > 1 processes, every process calls this; rank 0 alone reports and
     writes the run folder (the others return the run with empty metrics).
     """
-    with distributed(config.model.device, config.dist.timeout_s) as dist:
+    with distributed(config.model.device, config.dist.timeout_s) as dist, folder_locks():
         return _train(config, (reporter or NullReporter()) if dist.is_main else NullReporter(), overwrite, resume, dist)
 
 
@@ -48,14 +48,15 @@ def _train(config: Config, reporter: Reporter, overwrite: bool, resume: bool, di
     s = setup(config, reporter, overwrite, resume, dist)
     start, elapsed = 0, 0.0
     reporter.start(config, role_costs(s.stack), s.folder.path)
-    if resume:
-        start, before, elapsed = restore(s)
+    restored = restore(s) if resume else None
+    if restored is not None:
+        start, before, elapsed = restored
         reporter.resumed(start)
     else:
-        before = run_eval(s)
+        before = _first_eval(s)
     reporter.evaluated(0, before)
     trackers = open_trackers(config, s.folder.path, start) if s.dist.is_main else Trackers([])
-    if before is not None and not resume:
+    if before is not None and start == 0:
         trackers.log(eval_scalars(before), step=0)
     wall = lambda: elapsed + time.perf_counter() - t0  # noqa: E731
     progress = Progress(saved=start)
@@ -73,6 +74,15 @@ def _train(config: Config, reporter: Reporter, overwrite: bool, resume: bool, di
                 f"Continue with: llmrl train --resume {s.folder.path}", exit_code=130
             ) from None
     return _finish(s, reporter, trackers, progress, before, wall)
+
+
+def _first_eval(s: Session) -> EvalResult | None:
+    """The evaluation before training; Ctrl-C during it says how to start the run again."""
+    try:
+        return run_eval(s)
+    except KeyboardInterrupt:
+        raise LLMRLError(f"Interrupted before the first step; nothing was trained. Start it again with: "
+                         f"llmrl train --resume {s.folder.path}", exit_code=130) from None
 
 
 def _one_step(s: Session, step: int, reporter: Reporter, trackers: Trackers, stop: Any, progress: Progress,
@@ -96,9 +106,9 @@ def _one_step(s: Session, step: int, reporter: Reporter, trackers: Trackers, sto
     reporter.step(row)
     progress.bad = progress.bad + 1 if row["skipped_updates"] else 0
     if progress.bad >= config.update.max_bad_steps:
+        newest = f"; the newest good checkpoint is after step {progress.saved}" if progress.saved else ""
         raise RunFailed(
-            f"Stopped: {progress.bad} steps in a row had a non-finite loss or gradient (last at step {step + 1}); "
-            f"the newest good checkpoint is after step {progress.saved}."
+            f"Stopped: {progress.bad} steps in a row had a non-finite loss or gradient (last at step {step + 1}){newest}."
         )
     every = config.checkpoint.every
     stopping = s.dist.any(stop.requested)  # every rank stops at the same step

@@ -35,11 +35,15 @@ def state(s: Session, step: int, before: EvalResult | None, elapsed: float) -> d
     }
 
 
-def restore(s: Session) -> tuple[int, EvalResult | None, float]:
-    """Load the newest checkpoint into the session: (completed steps, eval-before, elapsed seconds)."""
+def restore(s: Session) -> tuple[int, EvalResult | None, float] | None:
+    """Load the newest checkpoint into the session: (completed steps, eval-before, elapsed seconds);
+    None for a run that stopped before completing a step and has no checkpoint."""
     found = s.dist.broadcast_object(list_checkpoints(s.folder.path))
     if not found:
-        raise LLMRLError(f"'{s.folder.path}' has no checkpoint to resume from; start it again with --overwrite.")
+        if s.dist.broadcast_object(read_run(s.folder.path).metrics if s.dist.is_main else []):
+            raise LLMRLError(f"'{s.folder.path}' has no checkpoint to resume from; start it again with --overwrite.")
+        s.folder.truncate_metrics(0)
+        return None  # stopped before its first step: nothing was trained, so it starts from the beginning
     saved = load_checkpoint(found[-1], s.stack)
     for role, opt in s.opts.items():
         opt.load_state_dict(saved["optimizers"][role])

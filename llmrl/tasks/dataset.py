@@ -4,6 +4,10 @@ A dataset is a local `.jsonl`/`.json`, `.csv` or `.parquet` file (or a folder of
 Hugging Face hub name. Each row becomes `{"prompt": <prompt>, <every other column>: <value>}`;
 the prompt (column `data.prompt_column`) is a non-empty string or a non-empty list of chat
 messages `{role: str, content: str}`. The other columns reach the reward function row-aligned.
+A column named like a field llmrl itself passes or logs (`TAKEN`: the reward's `prompts` and
+`completions` arguments; `prompt`, `completion`, `reward`, `step` of completions.jsonl) is renamed
+`dataset_<name>` (TRL's prompt/completion format: the reference completion reaches the reward and
+completions.jsonl as `dataset_completion`), so it never replaces the model's completion or reward.
 
 Train/eval split: `data.eval_dataset` when given, else a fixed held-out share: the row indices are
 shuffled with `random.Random(data.split_seed)` (independent of the run's seed) and the first
@@ -21,6 +25,7 @@ from ..config.schema import DataConfig
 from ..errors import ConfigError
 
 FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+TAKEN = ("prompt", "prompts", "completion", "completions", "reward", "step")  # see the module docstring
 Rows = list[dict[str, Any]]
 
 
@@ -41,12 +46,24 @@ def load_rows(name: str, cfg: DataConfig, split: str | None = None) -> Rows:
         cols = ", ".join(table.column_names)
         raise ConfigError(f"Dataset '{name}' has no '{cfg.prompt_column}' column (columns: {cols}); "
                           f"set data.prompt_column.")
+    keys = column_keys([c for c in table.column_names if c != cfg.prompt_column])
     rows = []
     for i, raw in enumerate(table):
         check_prompt(raw[cfg.prompt_column], name, i + 1)
-        extra = {k: v for k, v in raw.items() if k not in (cfg.prompt_column, "prompt")}
-        rows.append({"prompt": raw[cfg.prompt_column], **extra})
+        rows.append({"prompt": raw[cfg.prompt_column], **{keys[k]: v for k, v in raw.items() if k in keys}})
     return rows
+
+
+def column_keys(columns: list[str]) -> dict[str, str]:
+    """Column name → its key in a row: the name itself, or `dataset_<name>` for a name in `TAKEN`
+    (prefixed again while it would meet another column's name)."""
+    keys = {}
+    for c in columns:
+        key = c
+        while key in TAKEN or (key != c and key in columns):
+            key = f"dataset_{key}"
+        keys[c] = key
+    return keys
 
 
 def check_prompt(prompt: Any, name: str, row: int) -> None:
