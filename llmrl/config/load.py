@@ -1,7 +1,7 @@
 """Load, merge and validate a run's configuration.
 
-Precedence, lowest first: dataclass defaults < the algorithm's preset < the built-in model's own
-recommendations (`model_defaults.py`) < the recipe file < flags and `--set key=value` overrides. The result is a frozen `Config`; every user mistake becomes a
+Precedence, lowest first: dataclass defaults < the algorithm's preset < the model's own
+recommendations (`model_defaults.py`: the built-in tiny's, or a real model's for its device) < the recipe file < flags and `--set key=value` overrides. The result is a frozen `Config`; every user mistake becomes a
 `ConfigError` naming the key (with the closest valid key when it is unknown).
 """
 
@@ -240,7 +240,10 @@ def load_config(
     user.update(dict(parse_override(s) for s in sets or []))
     algo = user.get("algo", Config.algo)
     model = user.get("model.name", ModelConfig.name)
-    merged = {**preset_for(str(algo)), **defaults_for_model(str(model)), **user}
+    preset = preset_for(str(algo))
+    grouped = int(preset.get("rollout.num_generations", 1)) > 1
+    own = defaults_for_model(str(model), str(user.get("model.device", ModelConfig.device)), grouped)
+    merged = {**preset, **own, **user}
     config = build(merged)
     _check_consistency(config)
     return config

@@ -1,0 +1,82 @@
+"""What a new user sees (issue 17, items 15-18 and 20): a real model's defaults, a missing `gguf`,
+the completions preview and log, `llmrl algos` in 80 columns, the plots, compare's wall time, the
+memory table, `eval --dataset`'s wording and the `math` reward. Real CLI runs, real files, real
+subprocesses where the terminal or the installed packages matter."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from llmrl.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`python -m llmrl ARGS` in a real subprocess with stdout and stderr piped (not a terminal)."""
+    full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "llmrl", *args], capture_output=True, text=True, env=full,
+                          cwd=cwd, timeout=300)
+
+
+# ---- 15: a real model gets a real model's defaults; the built-in tiny keeps its own ----------------
+
+def _resolved(*args: str) -> dict:
+    done = _cli("config", "--yaml", *args)
+    assert done.returncode == 0, done.stderr
+    return yaml.safe_load(done.stdout)
+
+
+def test_config_of_a_real_model_folder_shows_real_model_defaults(tiny_model_dir: Path) -> None:
+    # the recipe's batch (docs/real-models.md): GRPO 4 prompts × 8 samples = 32 rows, two minibatches
+    # of 16, lr 2e-4, 100 held-out prompts before and after; 32 new tokens, 50 steps; one thread per
+    # two cores (at least 1, at most 8)
+    cores = len(os.sched_getaffinity(0))
+    grpo = _resolved("--algo", "grpo", "--model", str(tiny_model_dir))
+    assert (grpo["rollout"]["prompts_per_step"], grpo["rollout"]["num_generations"]) == (4, 8)
+    assert grpo["rollout"]["max_new_tokens"] == 32 and grpo["steps"] == 50
+    assert grpo["update"]["minibatch_size"] == 16 and grpo["update"]["lr_actor"] == 2e-4
+    assert grpo["eval"] == {"size": 100, "every": 0, "batch_size": 100}
+    assert grpo["threads"] == max(1, min(8, cores // 2))
+    assert grpo["lora"]["modules_to_save"] is None and grpo["lora"]["r"] == 16  # not tiny's norms and r = 8
+    # an algorithm without groups gets the same 32 rows as 32 prompts × 1
+    ppo = _resolved("--model", str(tiny_model_dir))
+    assert (ppo["rollout"]["prompts_per_step"], ppo["rollout"]["num_generations"]) == (32, 1)
+    # a GPU takes bigger batches and longer answers: 16 × 8 = 128 rows, 256 tokens, torch's threads
+    gpu = _resolved("--algo", "grpo", "--model", str(tiny_model_dir), "--set", "model.device=cuda")
+    assert (gpu["rollout"]["prompts_per_step"], gpu["rollout"]["num_generations"]) == (16, 8)
+    assert gpu["rollout"]["max_new_tokens"] == 256 and gpu["update"]["minibatch_size"] == 64
+    assert gpu["threads"] is None
+    # a recipe or --set still wins over them
+    mine = _resolved("--algo", "grpo", "--model", str(tiny_model_dir), "--set", "rollout.max_new_tokens=7")
+    assert mine["rollout"]["max_new_tokens"] == 7
+
+
+def test_config_table_names_the_model(tiny_model_dir: Path) -> None:
+    done = _cli("config", "--model", str(tiny_model_dir), env={"COLUMNS": "300"})
+    assert done.returncode == 0, done.stderr
+    assert f"model '{tiny_model_dir}'" in done.stdout.replace("\n", "")
+    line = next(ln for ln in done.stdout.splitlines() if "rollout.max_new_tokens" in ln)
+    assert " 32 " in line, line
+
+
+def test_the_built_in_default_run_is_unchanged() -> None:
+    # the schema's defaults with the ppo preset and tiny's own: 512 prompts × 1, 5 tokens, 400 steps
+    ppo = _resolved()
+    assert ppo["model"]["name"] == "tiny" and ppo["steps"] == 400 and ppo["threads"] is None
+    assert ppo["rollout"] == {"prompts_per_step": 512, "num_generations": 1, "max_new_tokens": 5, "temperature": 1.0,
+                              "top_p": 1.0, "generation_logprobs": True}
+    assert ppo["update"]["minibatch_size"] == 256 and ppo["update"]["lr_actor"] == 1e-3
+    assert ppo["lora"]["r"] == 8 and ppo["lora"]["modules_to_save"] == ["norm"]
+    assert ppo["eval"] == {"size": 500, "every": 100, "batch_size": 256}
+    assert ppo["checkpoint"] == {"every": 100, "keep": 2} and ppo["log"]["completions_every"] == 50
+    grpo = _resolved("--algo", "grpo", "--model", "tiny")
+    assert (grpo["rollout"]["prompts_per_step"], grpo["rollout"]["num_generations"]) == (128, 4)
