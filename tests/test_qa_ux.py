@@ -80,3 +80,30 @@ def test_the_built_in_default_run_is_unchanged() -> None:
     assert ppo["checkpoint"] == {"every": 100, "keep": 2} and ppo["log"]["completions_every"] == 50
     grpo = _resolved("--algo", "grpo", "--model", "tiny")
     assert (grpo["rollout"]["prompts_per_step"], grpo["rollout"]["num_generations"]) == (128, 4)
+
+
+# ---- 16: gguf is a dependency, and a missing one is one sentence with the install command ----------
+
+def test_gguf_is_a_core_dependency() -> None:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert any(d.replace(" ", "").startswith("gguf>=") for d in project["dependencies"])
+
+
+def test_a_missing_gguf_package_is_one_sentence_naming_the_install(tmp_path: Path) -> None:
+    from llmrl.models.tokenizer import build_char_tokenizer
+    from tests.conftest import make_tiny_model
+    from tests.gguf_writer import write_gguf
+
+    model = write_gguf(make_tiny_model(), build_char_tokenizer(), tmp_path / "tiny-f32.gguf")
+    hide = tmp_path / "no_gguf"
+    hide.mkdir()  # Python imports sitecustomize at start-up: from then on `import gguf` raises ImportError
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['gguf'] = None\n")
+    env = {"PYTHONPATH": f"{hide}{os.pathsep}{ROOT}", "LLMRL_CACHE_DIR": str(tmp_path / "cache")}
+    for args in (["eval", "--model", str(model), "--size", "1", "--samples", "0"],
+                 ["train", "--model", str(model), "--steps", "1", "--out", str(tmp_path / "run")]):
+        done = _cli(*args, env=env)
+        assert done.returncode == 2, (done.stdout, done.stderr)
+        assert done.stderr.strip() == ("error: Reading a .gguf model needs the 'gguf' package, which is not installed: "
+                                       "pip install 'gguf>=0.10'."), done.stderr
