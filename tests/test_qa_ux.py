@@ -107,3 +107,61 @@ def test_a_missing_gguf_package_is_one_sentence_naming_the_install(tmp_path: Pat
         assert done.returncode == 2, (done.stdout, done.stderr)
         assert done.stderr.strip() == ("error: Reading a .gguf model needs the 'gguf' package, which is not installed: "
                                        "pip install 'gguf>=0.10'."), done.stderr
+
+
+# ---- 17: the preview shows a chat prompt's user message; completions.jsonl logs every reward term ---
+
+TEMPLATE = "{% for m in messages %}({{ m['content'] }}){% endfor %}{% if add_generation_prompt %}={% endif %}"
+
+
+@pytest.fixture(scope="module")
+def chat_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """The random tiny test model whose tokenizer renders messages as '(system)(user)='."""
+    import shutil
+
+    from llmrl.models.tokenizer import build_char_tokenizer
+
+    path = tmp_path_factory.mktemp("chat-model")
+    shutil.copytree(tiny_model_dir, path, dirs_exist_ok=True)
+    tok = build_char_tokenizer()
+    tok.chat_template = TEMPLATE
+    tok.save_pretrained(path)
+    return path
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_preview_shows_the_user_message_and_the_log_every_reward_term(chat_model_dir: Path, tmp_path: Path) -> None:
+    rows = [{"prompt": [{"role": "system", "content": "Num."}, {"role": "user", "content": f"{a}+{b}"}],
+             "answer": str(a + b)} for a in range(10, 14) for b in range(20, 24)]
+    data = _jsonl(tmp_path / "chat.jsonl", rows)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"reward": {"functions": [{"name": "numeric"},
+                                                               {"name": "length_penalty", "target": 2, "weight": 0.5}]}}))
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, [
+        "train", "--model", str(chat_model_dir), "--dataset", str(data), "--recipe", str(recipe), "--out", str(out),
+        "--steps", "1", "--set", "rollout.prompts_per_step=4", "--set", "update.minibatch_size=4",
+        "--set", "rollout.max_new_tokens=4", "--set", "eval.size=2", "--set", "eval.every=0",
+        "--set", "log.completions_rows=4", "--set", "data.eval_fraction=0.25"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.stderr
+    shown = [line for line in result.stdout.splitlines() if "→" in line and "(reward" in line]
+    assert len(shown) == 3
+    logged = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    for line, row in zip(shown, logged):
+        user = row["prompt"][-1]["content"]  # e.g. '12+21'
+        assert line.split("  ", 1)[1].startswith(f"{user} → "), line
+        assert "role" not in line and "Num." not in line
+    for row in logged:
+        terms = row["rewards"]
+        assert set(terms) == {"numeric", "length_penalty"}
+        # each term is the built-in's value of this completion; the reward is 1·numeric + 0.5·length_penalty
+        from llmrl.rewards.builtin import length_penalty, numeric
+
+        c = row["completion"]
+        assert terms["numeric"] == numeric([None], [c], answer=[row["answer"]])[0]
+        assert terms["length_penalty"] == pytest.approx(length_penalty([None], [c], target=2)[0], abs=1e-6)
+        assert row["reward"] == pytest.approx(terms["numeric"] + 0.5 * terms["length_penalty"], abs=1e-4)

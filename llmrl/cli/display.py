@@ -25,6 +25,15 @@ def _clip(text: Any, width: int = 60) -> str:
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
+def prompt_text(prompt: Any) -> Any:
+    """What a preview shows of a prompt: a chat prompt's last user message (its last message when no
+    message is the user's), a string prompt as it is."""
+    if isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+        users = [m for m in prompt if m.get("role") == "user"] or prompt
+        return users[-1].get("content", "")
+    return prompt
+
+
 def _pct(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:.1f} %"
 
@@ -98,9 +107,10 @@ class RichReporter:
     shown_completions = 3
 
     def completions(self, rows: list[dict[str, Any]]) -> None:
-        """A few of the step's sampled completions, one line each: prompt → completion (reward)."""
+        """A few of the step's sampled completions, one line each: prompt (a chat prompt's last user
+        message) → completion (reward)."""
         for r in rows[: self.shown_completions]:
-            prompt, completion = _clip(r["prompt"]), _clip(r["completion"])
+            prompt, completion = _clip(prompt_text(r["prompt"])), _clip(r["completion"])
             self.console.print(f"[dim]step {r['step']}[/]  {escape(prompt)} → [bold]{escape(completion)}[/]  "
                                f"[dim](reward {r['reward']:.3g})[/]", highlight=False)
 

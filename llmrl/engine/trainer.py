@@ -187,8 +187,8 @@ def train_step(s: Session, step: int) -> dict[str, Any]:
     batch, completions = s.dist.agree(lambda: rollout(s.stack, s.tokenizer, rows, mine, cfg=cfg.rollout, plan=s.plan,
                                                       reward_fn=s.task.reward, seed=cfg.seed, step=step))
     # the batch's first rows are rank 0's first rows: rank 0 logs the same samples as one process
-    s.samples = (sample_rows(step + 1, rows, completions, batch.scores, batch.group_size, cfg.log.completions_rows)
-                 if s.dist.is_main and due(step + 1, cfg.log.completions_every) else [])
+    s.samples = (sample_rows(step + 1, rows, completions, batch.scores, batch.group_size, cfg.log.completions_rows,
+                             batch.reward_parts) if s.dist.is_main and due(step + 1, cfg.log.completions_every) else [])
     beta = s.kl.beta
     values = critic_forward(s.stack, batch) if s.plan.critic_in_update else None  # sets batch.values
     out = estimate(s.spec, batch, shape_rewards(batch, beta, cfg.kl), cfg.estimator, s.dist)
