@@ -165,3 +165,136 @@ def test_preview_shows_the_user_message_and_the_log_every_reward_term(chat_model
         assert terms["numeric"] == numeric([None], [c], answer=[row["answer"]])[0]
         assert terms["length_penalty"] == pytest.approx(length_penalty([None], [c], target=2)[0], abs=1e-6)
         assert row["reward"] == pytest.approx(terms["numeric"] + 0.5 * terms["length_penalty"], abs=1e-4)
+
+
+# ---- 18: algos names never cut; plots; plot CMP_DIR; compare's wall time; memory line; eval wording --
+
+ALGO_NAMES = ("ppo", "reinforce", "reinforce_baseline", "a2c", "grpo", "dr_grpo", "rloo", "remax")
+
+
+@pytest.mark.parametrize("columns", [None, "80", "60"])
+def test_algos_never_cuts_a_name(columns: str | None) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    if columns:
+        env["COLUMNS"] = columns
+    done = subprocess.run([sys.executable, "-m", "llmrl", "algos"], capture_output=True, text=True, timeout=300,
+                          env={**env, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert "…" not in done.stdout  # piped: rich draws 80 columns, which the table does not fit
+    heads = [line.split()[0] for line in done.stdout.splitlines() if line and not line.startswith(" ")][1:]
+    assert heads == list(ALGO_NAMES)
+    assert "baseline:   mean of the other G−1 samples" in done.stdout
+    assert "reinforce_baseline  (estimator reinforce_baseline)" in done.stdout
+
+
+def test_algos_is_a_table_where_it_fits() -> None:
+    done = _cli("algos", env={"COLUMNS": "250"})
+    assert done.returncode == 0 and "…" not in done.stdout
+    assert "│ reinforce_baseline │ reinforce_baseline │" in done.stdout
+
+
+def _run(name: str, accuracies: tuple[float, float], rewards: list[float]) -> "Run":
+    from llmrl.run_folder import Run
+
+    metrics = [{"step": i + 1, "reward_mean": r, "kl": 0.01 * i, "step_time_s": 0.5} for i, r in enumerate(rewards)]
+    summary = {"eval_accuracy_before": accuracies[0], "eval_accuracy_after": accuracies[1], "steps": len(rewards)}
+    return Run(Path(name), {}, metrics, summary)
+
+
+def _drawn(fig):  # ticks are placed when the figure is drawn
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig).draw()
+    return fig
+
+
+def _whole_ticks(ax) -> list[float]:
+    lo, hi = ax.get_xlim()
+    ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    return ticks
+
+
+def test_plots_have_whole_step_ticks_and_accuracy_in_0_1() -> None:
+    from llmrl.plots import compare_figures, runs_figure
+
+    # a 2-step run (matplotlib alone ticks 1.0, 1.2, …, 2.0) whose accuracy goes 0 → 1 (its margins: −0.05 … 1.05)
+    a, b = _run("a", (0.0, 1.0), [0.1, 0.3]), _run("b", (0.0, 0.5), [0.2, 0.1])
+    reward, kl, accuracy = _drawn(runs_figure([a])).axes
+    assert _whole_ticks(reward) == [1.0, 2.0] and _whole_ticks(kl) == [1.0, 2.0]
+    assert accuracy.get_ylim() == (0.0, 1.0)
+    figs = {k: _drawn(f) for k, f in compare_figures({"ppo": [a, b], "grpo": [b, b]}).items()}
+    _whole_ticks(figs["reward_vs_step"].axes[0]), _whole_ticks(figs["kl_vs_step"].axes[0])
+    # bars of the mean accuracy after, ppo (1 + 0.5) / 2 = 0.75 ± 0.354 (std ddof 1): the band reaches 1.10
+    assert figs["accuracy"].axes[0].get_ylim() == (0.0, 1.0)
+
+
+def test_plot_of_a_compare_folder_goes_into_it(tmp_path: Path) -> None:
+    cmp = tmp_path / "cmp"
+    for name in ("ppo-seed0", "grpo-seed0"):
+        run = cmp / name
+        run.mkdir(parents=True)
+        (run / "config.yaml").write_text("algo: ppo\n")
+        (run / "metrics.jsonl").write_text('{"step": 1, "reward_mean": 0.5, "kl": 0.0}\n')
+    (cmp / "compare.json").write_text(json.dumps({"runs": ["ppo-seed0", "grpo-seed0"]}))
+    done = _cli("plot", "cmp", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"wrote {Path('cmp') / 'curves.png'}"
+    assert (cmp / "curves.png").read_bytes().startswith(b"\x89PNG") and not (tmp_path / "curves.png").exists()
+
+
+def test_compare_reports_the_commands_own_wall_time(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import time
+
+    out = tmp_path / "cmp"
+    sets = [f"model.name={tiny_model_dir}", "rollout.prompts_per_step=4", "update.minibatch_size=4",
+            "rollout.max_new_tokens=4", "eval.size=2", "eval.every=0"]
+    t0 = time.perf_counter()
+    done = _cli("compare", "--algos", "reinforce", "--steps", "1", "--out", str(out),
+                *[a for s in sets for a in ("--set", s)], env={"COLUMNS": "200"})
+    measured = time.perf_counter() - t0
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    # the command's time from its process start (imports included) to its report: `measured` but the
+    # interpreter's launch and exit (a second or two on a busy CPU), far over the 1-step run's own time
+    assert 0.5 * measured <= summary["wall_time_s"] <= measured, (summary["wall_time_s"], measured)
+    assert summary["runs_wall_time_s"] < summary["wall_time_s"]
+    assert f"Wall time of this command: {summary['wall_time_s']:.0f} s" in done.stdout
+
+
+def test_memory_table_names_three_copies_only_with_a_critic(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+    from transformers import AutoModelForCausalLM
+
+    from llmrl.cli.display import RichReporter
+    from llmrl.config import load_config
+    from llmrl.memory import role_costs
+    from llmrl.models.stack import PolicyStack
+
+    lines = {}
+    for algo, critic in (("ppo", True), ("grpo", False)):
+        config = load_config(overrides={"algo": algo, "model.name": str(tiny_model_dir)})
+        stack = PolicyStack(AutoModelForCausalLM.from_pretrained(tiny_model_dir), config.lora, with_critic=critic)
+        buffer = io.StringIO()
+        reporter = RichReporter(Console(file=buffer, width=200))
+        reporter.start(config, role_costs(stack), tmp_path / algo)
+        reporter.stopped()
+        lines[algo] = buffer.getvalue()
+    assert "would hold the base weights 3×" in lines["ppo"] and "shared by actor, critic, reference" in lines["ppo"]
+    assert "3×" not in lines["grpo"] and "critic" not in lines["grpo"]
+    assert f"Run folder: {tmp_path / 'grpo'}" in lines["grpo"]
+
+
+def test_eval_of_a_dataset_does_not_call_its_rows_held_out(tiny_model_dir: Path, tmp_path: Path) -> None:
+    data = _jsonl(tmp_path / "train.jsonl", [{"prompt": f"{a}+1=", "answer": str(a + 1)} for a in range(6)])
+    args = ["eval", "--model", str(tiny_model_dir), "--size", "3", "--samples", "0", "--max-new-tokens", "2"]
+    shown = CliRunner().invoke(app, [*args, "--dataset", str(data), "--reward", "numeric"], env={"COLUMNS": "300"})
+    assert shown.exit_code == 0, shown.stderr
+    flat = "".join(shown.stdout.split())  # the title wraps anywhere in a narrow table
+    assert f"(thefirst3rowsof{data})" in flat and "held-out" not in flat
+    report = json.loads(CliRunner().invoke(app, [*args, "--dataset", str(data), "--reward", "numeric", "--json"]).stdout)
+    assert report["prompts_from"] == f"the first 3 rows of {data}"
+    task = CliRunner().invoke(app, [*args, "--task", "arithmetic"], env={"COLUMNS": "300"})
+    assert task.exit_code == 0 and "(3held-outprompts)" in "".join(task.stdout.split())

@@ -63,10 +63,10 @@ class RichReporter:
         base = costs[0].bytes
         table.add_row("[bold]total[/]", "", f"[bold]{_mib(total)}[/]")
         self.console.print(table)
-        self.console.print(
-            f"Separate actor, critic and reference models would hold the base weights 3× ({_mib(3 * base)}); "
-            f"run folder: [bold]{run_dir}[/]"
-        )
+        if any(c.role.startswith("critic") for c in costs):  # the saving of one base for three roles
+            self.console.print(f"Separate actor, critic and reference models would hold the base weights 3× "
+                               f"({_mib(3 * base)}).")
+        self.console.print(f"Run folder: [bold]{run_dir}[/]")
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), TimeRemainingColumn(),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import types
 import typing
@@ -39,9 +40,17 @@ def field_types(cls: type = Config, prefix: str = "") -> dict[str, tuple[Any, da
     return out
 
 
+@functools.cache
+def _sections() -> frozenset[str]:
+    """Config's section names (model, lora, …), resolved once: `get_type_hints` evaluates every
+    annotation anew, and `llmrl compare` flattens each run's config many times."""
+    hints = typing.get_type_hints(Config)
+    return frozenset(f.name for f in dataclasses.fields(Config) if _is_section(hints[f.name]))
+
+
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """{'update': {'lr_actor': 1}} → {'update.lr_actor': 1}; sections are the keys of Config."""
-    sections = {f.name for f in dataclasses.fields(Config) if _is_section(typing.get_type_hints(Config)[f.name])}
+    sections = _sections()
     flat: dict[str, Any] = {}
     for key, value in tree.items():
         path = f"{prefix}{key}"
