@@ -298,3 +298,71 @@ def test_eval_of_a_dataset_does_not_call_its_rows_held_out(tiny_model_dir: Path,
     assert report["prompts_from"] == f"the first 3 rows of {data}"
     task = CliRunner().invoke(app, [*args, "--task", "arithmetic"], env={"COLUMNS": "300"})
     assert task.exit_code == 0 and "(3held-outprompts)" in "".join(task.stdout.split())
+
+
+# ---- 20: the built-in `math` reward (math-verify) where `numeric` is wrong ---------------------------
+
+math_verify = pytest.importorskip("math_verify")  # the `math` extra (in `test` too, so CI runs these)
+
+
+@pytest.mark.parametrize(
+    ("completion", "answer", "math_value", "numeric_value"),
+    [
+        (r"The answer is $\frac{1}{2}$.", "0.5", 1.0, 0.0),  # numeric reads the last number, 2
+        ("0.5", r"\frac{1}{2}", 1.0, 0.0),  # … of the answer too
+        ("1/2", "0.5", 1.0, 0.0),
+        (r"So $\boxed{12}$, since 12 = 3 \times 4", "12", 1.0, 0.0),  # the boxed answer, not the last number 4
+        (r"The area is $12\text{ cm}^2$", "12", 1.0, 0.0),  # units dropped; numeric reads the exponent 2
+        (r"$\boxed{2x+1}$", "x+1", 0.0, 1.0),  # numeric pays for a wrong expression ending in 1
+        (r"$\frac{1}{3}$", "0.5", 0.0, 0.0),
+        ("no idea", "0.5", 0.0, 0.0),
+    ],
+)
+def test_math_reward_where_numeric_is_wrong(completion: str, answer: str, math_value: float, numeric_value: float) -> None:
+    from llmrl.rewards.builtin import BUILTINS
+
+    assert BUILTINS["math"]([None], [completion], answer=[answer]) == [math_value]
+    assert BUILTINS["numeric"]([None], [completion], answer=[answer]) == [numeric_value]
+
+
+def test_math_reward_from_the_config_reads_its_column_and_names_a_blank_answer() -> None:
+    import torch
+
+    from llmrl.engine.rewards import RewardFailed, score
+    from llmrl.errors import ConfigError
+    from llmrl.rewards import build_reward
+
+    reward = build_reward([{"name": "math", "column": "solution"}], columns={"solution"}, source="d.jsonl",
+                          device=torch.device("cpu"))
+    rows = [{"prompt": "p", "solution": r"\frac{3}{4}"}, {"prompt": "q", "solution": "2"}]
+    got = score(reward, rows, [r"$\boxed{0.75}$", "3"])
+    torch.testing.assert_close(got, torch.tensor([1.0, 0.0]), atol=1e-4, rtol=0)
+    with pytest.raises(ConfigError, match="Reward 'math' reads column 'answer', which 'd.jsonl' does not have"):
+        build_reward(["math"], columns={"solution"}, source="d.jsonl", device=torch.device("cpu"))
+    with pytest.raises(RewardFailed, match="Reward function 'math' raised ValueError: math-verify cannot read the "
+                                           "answer ' ' as mathematics."):  # a blank answer: a data error, not a 0
+        score(reward, [{"prompt": "p", "solution": " "}], ["1"])
+
+
+def test_eval_with_the_math_reward(tiny_model_dir: Path, tmp_path: Path) -> None:
+    data = _jsonl(tmp_path / "m.jsonl", [{"prompt": f"{a}+1=", "answer": rf"\frac{{{2 * (a + 1)}}}{{2}}"} for a in range(4)])
+    done = CliRunner().invoke(app, ["eval", "--model", str(tiny_model_dir), "--dataset", str(data), "--reward", "math",
+                                    "--size", "4", "--samples", "0", "--max-new-tokens", "2", "--json"])
+    assert done.exit_code == 0, done.stderr
+    assert json.loads(done.stdout)["prompts"] == 4
+
+
+def test_a_missing_math_verify_is_one_sentence_naming_the_extra(tiny_model_dir: Path, tmp_path: Path) -> None:
+    data = _jsonl(tmp_path / "m.jsonl", [{"prompt": "1+1=", "answer": "2"}] * 4)
+    hide = tmp_path / "no_math_verify"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['math_verify'] = None\n")
+    env = {"PYTHONPATH": f"{hide}{os.pathsep}{ROOT}"}
+    for args in (["train", "--model", str(tiny_model_dir), "--dataset", str(data), "--reward", "math",
+                  "--out", str(tmp_path / "run")],
+                 ["eval", "--model", str(tiny_model_dir), "--dataset", str(data), "--reward", "math"]):
+        done = _cli(*args, env=env)
+        assert done.returncode == 2, (done.stdout, done.stderr)
+        assert done.stderr.strip() == ("error: Reward 'math' needs the 'math-verify' package, which is not installed: "
+                                       "pip install 'llmrl[math]' (from a clone: pip install -e '.[math]')."), done.stderr
+    assert not (tmp_path / "run").exists()  # refused before the run folder is made

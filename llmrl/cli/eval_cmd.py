@@ -42,7 +42,7 @@ def eval(  # noqa: A001 - the command is called `eval`
     model: str = typer.Option(..., "--model", "-m", help="A run folder (its trained actor), a model folder, a hub id, a .gguf file or 'tiny'."),
     task: Optional[str] = typer.Option(None, "--task", "-t", help="Built-in task. Default: the run's task (or arithmetic)."),
     dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="Score every row of this .jsonl/.csv/.parquet file (or `datasets` hub name) instead of a task."),
-    reward: Optional[str] = typer.Option(None, "--reward", help="Reward for --dataset rows: exact_match, numeric, format, length_penalty, module:function or file.py:function. Default: the run's rewards."),
+    reward: Optional[str] = typer.Option(None, "--reward", help="Reward for --dataset rows: exact_match, numeric, math, format, length_penalty, module:function or file.py:function. Default: the run's rewards."),
     samples: int = typer.Option(4, "--samples", "-k", help="K sampled completions per prompt for pass@1 and pass@K (0: greedy only)."),
     size: Optional[int] = typer.Option(None, "--size", "-n", help="Prompts to score (held-out ones, or the first rows of --dataset). Default: the run's eval.size."),
     seed: int = typer.Option(0, "--seed", "-s", help="Seed of the sampled completions."),
