@@ -22,10 +22,11 @@ present) the batch and the answers grow:
 
 Threads: torch's default (one per core) makes every small matmul wait for all its threads; on a
 CPU that anything else uses too, a waiting thread is a descheduled one, and the docs' 135 M step took
-282 s with 2 threads against 50 s with 1. At this model size a matmul of 32 rows gains well under
-2× from a second thread on an idle machine, against up to 10× lost on a busy one, so a real model
-takes half the cores it may run on (at least 1: one on a 2-core machine, as the recipe), at most 8
-(decoding 32 rows does not scale further). Rows per step are the same for every algorithm, so
+282 s with 2 threads against 50 s with 1 (a 16×576 @ 576×576 linear: 3.7 ms against 0.29 ms). A
+second thread can at best halve an idle machine's time, and small matmuls gain less (not measured
+here: the CPU was never idle), against 5-10× lost on a busy one; so a real model takes half the
+cores it may run on (at least 1: one on a 2-core machine, as the recipe), at most 8, since decoding
+a few dozen rows of a small model has little parallel work per matmul. Rows per step are the same for every algorithm, so
 `llmrl compare` sees equal budgets.
 """
 
