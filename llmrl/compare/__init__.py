@@ -28,7 +28,7 @@ def compare(plan: Plan, out: Path, reporter_for: Callable[[RunSpec, str], Report
     """Run (or continue) `plan` in `out`; write the plots, summary.json and report.md; return the summary.
 
     `started`: the `time.time()` at which the command began (default: now), so that the summary's
-    wall time is the command's, from its start to the plots written.
+    wall time is the command's, from its start to the summary made.
     """
     from ..plots import draw_compare  # late: matplotlib
 

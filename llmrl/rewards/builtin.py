@@ -71,7 +71,7 @@ def require_math_verify() -> None:
 def math_answer(prompts: Sequence[Any], completions: Sequence[str], column: str = "answer",
                 **columns: Any) -> list[float]:
     """The built-in `math`: 1.0 when math-verify (what TRL's accuracy reward uses) parses an answer out
-    of the completion (the last \\boxed{} first, else LaTeX or a plain expression, units dropped) that
+    of the completion (a \\boxed{} answer first, else LaTeX or a plain expression, units dropped) that
     equals the `column` value as mathematics (\\frac{1}{2} = 0.5 = 1/2); else 0.0. The answer is read as
     text, else inside $…$ (so `x+1` reads); one that neither reads (a blank one) raises a ValueError."""
     from math_verify import parse, verify
