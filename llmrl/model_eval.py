@@ -92,7 +92,8 @@ def eval_model(
     device: str | None = None,
     show_progress: bool = False,
 ) -> dict[str, Any]:
-    """Greedy accuracy and mean reward on the task's eval split (first `size` rows), and with
+    """Greedy accuracy and mean reward on the task's eval split (first `size` rows; with `dataset`,
+    the file's first rows, which may be rows a run trained on: `prompts_from` says which), and with
     `samples` K > 0 the mean sampled reward, pass@1 and pass@K (unbiased, n = K). JSON-ready.
 
     Defaults come from the run's config (or the default config for a plain model): eval.size,
@@ -111,6 +112,7 @@ def eval_model(
                       success=chosen.success, batch_size=batch, role=target.role)
     report: dict[str, Any] = {
         "model": model, "evaluated": target.label, "task": chosen.name, "prompts": len(rows),
+        "prompts_from": f"the first {len(rows)} rows of {dataset}" if dataset is not None else "the held-out split",
         "greedy": {"accuracy": greedy.accuracy, "reward_mean": greedy.reward_mean},
     }
     if samples > 0:

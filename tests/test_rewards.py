@@ -100,7 +100,7 @@ def test_duplicate_labels_get_a_suffix() -> None:
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("nosuch", "Reward 'nosuch' is not a built-in (exact_match, numeric, format, length_penalty), a 'module:function'"),
+        ("nosuch", "Reward 'nosuch' is not a built-in (exact_match, numeric, math, format, length_penalty), a 'module:function'"),
         ("no_such_module_xyz:fn", "Cannot import reward module 'no_such_module_xyz': No module named 'no_such_module_xyz'."),
         ("/nonexistent/r.py:fn", "Reward file '/nonexistent/r.py' does not exist."),
         ("myrewards:nope", "Reward 'myrewards:nope': 'myrewards' has no function 'nope'."),

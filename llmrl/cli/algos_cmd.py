@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import typer
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from ..algos import ALGOS, get_algo, preset_for
@@ -23,19 +24,47 @@ from ..ops import whiten
 from .errors import friendly
 
 
-@friendly
-def algos() -> None:
-    """Every registered algorithm: its Q estimate, baseline, policy loss, what it needs and its paper."""
-    table = Table(title="Algorithms (advantage = Q estimate − baseline)")
-    for col in ("algo", "estimator", "Q estimate", "baseline", "loss", "needs", "paper"):
-        table.add_column(col)
+ALGO_COLUMNS = ("algo", "estimator", "Q estimate", "baseline", "loss", "needs", "paper")
+
+
+def algo_rows() -> list[tuple[str, ...]]:
+    """One row per registered algorithm, in ALGO_COLUMNS order."""
+    rows = []
     for algo in ALGOS.values():
         spec = get_estimator(algo.estimator)
         needs = [n for n, on in (("critic", spec.needs.critic), ("G samples per prompt", spec.needs.groups),
                                  ("greedy rollout", spec.needs.greedy)) if on]
         loss = preset_for(algo.name).get("update.policy_loss", "ppo")
-        table.add_row(algo.name, spec.name, spec.q_estimate, spec.baseline, loss, ", ".join(needs) or "—", algo.paper)
-    Console().print(table)
+        rows.append((algo.name, spec.name, spec.q_estimate, spec.baseline, loss, ", ".join(needs) or "—", algo.paper))
+    return rows
+
+
+def plain_blocks(rows: list[tuple[str, ...]]) -> str:
+    """The table as text blocks for a narrow console (80 columns when piped): a line per algorithm
+    with its estimator, then one indented line per property, so no name is ever cut."""
+    width = max(len(c) for c in ALGO_COLUMNS[2:])
+    out = []
+    for name, estimator, *rest in rows:
+        out.append(f"{name}  (estimator {estimator})")
+        out += [f"  {col + ':':<{width + 1}} {value}" for col, value in zip(ALGO_COLUMNS[2:], rest)]
+    return "\n".join(out)
+
+
+@friendly
+def algos() -> None:
+    """Every registered algorithm: its Q estimate, baseline, policy loss, what it needs and its paper."""
+    title = "Algorithms (advantage = Q estimate − baseline)"
+    table = Table(title=title)
+    for col in ALGO_COLUMNS:
+        table.add_column(col, no_wrap=col in ("algo", "estimator"))
+    rows = algo_rows()
+    for row in rows:
+        table.add_row(*row)
+    console = Console()
+    if Measurement.get(console, console.options.update(width=10_000), table).maximum <= console.width:
+        console.print(table)
+    else:  # the table would wrap its cells: print each algorithm as a block instead
+        console.print(f"{title}\n\n{plain_blocks(rows)}", highlight=False, markup=False, soft_wrap=True)
 
 
 @friendly

@@ -147,5 +147,6 @@ def print_results(console: Console, summary: dict[str, Any], out: Path) -> None:
     check = summary["prompts"]
     verdicts = "; ".join(f"seed {s}: {prompt_verdict(v)}" for s, v in check["seeds"].items())
     console.print(f"Prompts read by the algorithms — {verdicts}.")
-    console.print(f"Wall time of all runs: {summary['wall_time_s']:.0f} s. "
+    console.print(f"Wall time of this command: {summary['wall_time_s']:.0f} s (the runs' own: "
+                  f"{summary['runs_wall_time_s']:.0f} s). "
                   f"Files: [bold]{out}[/]/summary.json, report.md, {', '.join(summary['plots'].values())}")

@@ -18,7 +18,7 @@ from .errors import friendly
 @friendly
 def config(
     algo: Optional[str] = typer.Option(None, "--algo", "-a", help="Show the values this algorithm's preset gives."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Resolve for this model (built-in models bring their own defaults)."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Resolve for this model: the built-in tiny has its own defaults, any other model a real model's for its device."),
     recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help="Apply this recipe too."),
     sets: Optional[list[str]] = typer.Option(None, "--set", help="key=value overrides, as for `llmrl train`."),
     as_yaml: bool = typer.Option(False, "--yaml", help="Print the resolved config as YAML (a recipe to start from)."),
@@ -29,7 +29,7 @@ def config(
         typer.echo(yaml.safe_dump(to_tree(cfg), sort_keys=False), nl=False)
         return
     values = flatten(to_tree(cfg))
-    table = Table(title=f"Settings for algo '{cfg.algo}'")
+    table = Table(title=f"Settings for algo '{cfg.algo}', model '{cfg.model.name}'")
     for col in ("key", "value", "help"):
         table.add_column(col)
     for key, (_, f) in field_types().items():

@@ -34,6 +34,15 @@ def _phases(row: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+def prompt_text(prompt: Any) -> Any:
+    """What a preview shows of a prompt: a chat prompt's last user message (its last message when no
+    message is the user's), a string prompt as it is."""
+    if isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+        users = [m for m in prompt if m.get("role") == "user"] or prompt
+        return users[-1].get("content", "")
+    return prompt
+
+
 def _pct(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:.1f} %"
 
@@ -63,10 +72,10 @@ class RichReporter:
         base = costs[0].bytes
         table.add_row("[bold]total[/]", "", f"[bold]{_mib(total)}[/]")
         self.console.print(table)
-        self.console.print(
-            f"Separate actor, critic and reference models would hold the base weights 3× ({_mib(3 * base)}); "
-            f"run folder: [bold]{run_dir}[/]"
-        )
+        if any(c.role.startswith("critic") for c in costs):  # the saving of one base for three roles
+            self.console.print(f"Separate actor, critic and reference models would hold the base weights 3× "
+                               f"({_mib(3 * base)}).")
+        self.console.print(f"Run folder: [bold]{run_dir}[/]")
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), TimeRemainingColumn(),
@@ -107,9 +116,10 @@ class RichReporter:
     shown_completions = 3
 
     def completions(self, rows: list[dict[str, Any]]) -> None:
-        """A few of the step's sampled completions, one line each: prompt → completion (reward)."""
+        """A few of the step's sampled completions, one line each: prompt (a chat prompt's last user
+        message) → completion (reward)."""
         for r in rows[: self.shown_completions]:
-            prompt, completion = _clip(r["prompt"]), _clip(r["completion"])
+            prompt, completion = _clip(prompt_text(r["prompt"])), _clip(r["completion"])
             self.console.print(f"[dim]step {r['step']}[/]  {escape(prompt)} → [bold]{escape(completion)}[/]  "
                                f"[dim](reward {r['reward']:.3g})[/]", highlight=False)
 

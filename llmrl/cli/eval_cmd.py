@@ -1,4 +1,4 @@
-"""`llmrl eval`: held-out accuracy of a model or a trained run, greedy and pass@k."""
+"""`llmrl eval`: accuracy of a model or a trained run on held-out prompts (or a file's rows), greedy and pass@k."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ def _pct(x: float) -> str:
 
 def render(report: dict[str, Any]) -> Table:
     """The report as a rich table: one row per metric."""
-    table = Table(title=f"{report['evaluated']} on {report['task']} ({report['prompts']} held-out prompts)")
+    held_out = report["prompts_from"] == "the held-out split"
+    where = f"{report['prompts']} held-out prompts" if held_out else report["prompts_from"]
+    table = Table(title=f"{report['evaluated']} on {report['task']} ({where})")
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("accuracy (greedy)", _pct(report["greedy"]["accuracy"]))
@@ -40,16 +42,17 @@ def eval(  # noqa: A001 - the command is called `eval`
     model: str = typer.Option(..., "--model", "-m", help="A run folder (its trained actor), a model folder, a hub id, a .gguf file or 'tiny'."),
     task: Optional[str] = typer.Option(None, "--task", "-t", help="Built-in task. Default: the run's task (or arithmetic)."),
     dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="Score every row of this .jsonl/.csv/.parquet file (or `datasets` hub name) instead of a task."),
-    reward: Optional[str] = typer.Option(None, "--reward", help="Reward for --dataset rows: exact_match, numeric, format, length_penalty, module:function or file.py:function. Default: the run's rewards."),
+    reward: Optional[str] = typer.Option(None, "--reward", help="Reward for --dataset rows: exact_match, numeric, math, format, length_penalty, module:function or file.py:function. Default: the run's rewards."),
     samples: int = typer.Option(4, "--samples", "-k", help="K sampled completions per prompt for pass@1 and pass@K (0: greedy only)."),
-    size: Optional[int] = typer.Option(None, "--size", "-n", help="Held-out prompts to score. Default: the run's eval.size."),
+    size: Optional[int] = typer.Option(None, "--size", "-n", help="Prompts to score (held-out ones, or the first rows of --dataset). Default: the run's eval.size."),
     seed: int = typer.Option(0, "--seed", "-s", help="Seed of the sampled completions."),
     temperature: Optional[float] = typer.Option(None, "--temperature", help="Sampling temperature. Default: the run's rollout.temperature."),
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Longest completion. Default: the run's rollout.max_new_tokens."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda or auto. Default: the run's model.device."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
 ) -> None:
-    """Score a model on held-out prompts: greedy accuracy and mean reward, and pass@1 / pass@K
+    """Score a model on held-out prompts (or the first rows of --dataset, which may be rows it trained
+    on): greedy accuracy and mean reward, and pass@1 / pass@K
     over K sampled completions per prompt (the unbiased estimator of Chen et al. 2021)."""
     if samples < 0 or (size is not None and size < 1) or (temperature is not None and not 0 < temperature < math.inf) \
             or (max_new_tokens is not None and max_new_tokens < 1):

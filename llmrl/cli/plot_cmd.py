@@ -26,10 +26,16 @@ def expand(paths: list[Path]) -> list[Run]:
     return runs
 
 
+def default_target(paths: list[Path]) -> Path:
+    """Where the plot goes without --out: into the one folder given (a run or a compare folder),
+    else ./curves.png."""
+    return paths[0] / "curves.png" if len(paths) == 1 else Path("curves.png")
+
+
 @friendly
 def plot(
     run_dirs: list[Path] = typer.Argument(..., help="Run folders (or compare folders) to draw together."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Image file (.png, .svg or .pdf). Default: RUN/curves.png for one run, else curves.png here."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Image file (.png, .svg or .pdf). Default: curves.png in the one run or compare folder given, else curves.png here."),
 ) -> None:
     """Draw runs together: train reward, KL to the reference and held-out accuracy vs step."""
     from ..run.plots import check_target, draw_runs  # late: matplotlib
@@ -38,7 +44,7 @@ def plot(
     empty = [str(r.path) for r in runs if not r.metrics]
     if empty:
         raise ConfigError(f"'{empty[0]}' has no logged steps yet; nothing to plot.")
-    target = out or (runs[0].path / "curves.png" if len(runs) == 1 else Path("curves.png"))
+    target = out or default_target(run_dirs)
     check_target(target)
     draw_runs(runs, target)
     typer.echo(f"wrote {target}")

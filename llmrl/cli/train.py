@@ -39,7 +39,7 @@ def train(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="'tiny' (built-in), a Hugging Face hub id, a local folder or a .gguf file."),
     task: Optional[str] = typer.Option(None, "--task", "-t", help="Built-in task. Default: arithmetic."),
     dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="Prompts from a .jsonl/.csv/.parquet file or a `datasets` hub name (a 'prompt' column; other columns reach the reward). Used instead of --task."),
-    reward: Optional[str] = typer.Option(None, "--reward", help="Reward: exact_match, numeric, format, length_penalty, module:function, file.py:function or a reward-model folder (several, weighted: reward.functions in a recipe)."),
+    reward: Optional[str] = typer.Option(None, "--reward", help="Reward: exact_match, numeric, math, format, length_penalty, module:function, file.py:function or a reward-model folder (several, weighted: reward.functions in a recipe)."),
     steps: Optional[int] = typer.Option(None, "--steps", "-n", help="Training steps (one rollout batch each)."),
     seed: Optional[int] = typer.Option(None, "--seed", "-s", help="Seed of every random choice in the run."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run folder. Default: runs/<algo>-<task>-<time>."),

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,15 +23,20 @@ __all__ = ["Plan", "RunSpec", "build_plan", "compare", "parse_algos", "parse_see
 
 
 def compare(plan: Plan, out: Path, reporter_for: Callable[[RunSpec, str], Reporter], *, overwrite: bool = False,
-            log: Callable[[str], None] = lambda _: None, command: str = "llmrl compare") -> dict[str, Any]:
-    """Run (or continue) `plan` in `out`; write the plots, summary.json and report.md; return the summary."""
+            log: Callable[[str], None] = lambda _: None, command: str = "llmrl compare",
+            started: float | None = None) -> dict[str, Any]:
+    """Run (or continue) `plan` in `out`; write the plots, summary.json and report.md; return the summary.
+
+    `started`: the `time.time()` at which the command began (default: now), so that the summary's
+    wall time is the command's, from its start to the summary made.
+    """
     from ..run.plots import draw_compare  # late: matplotlib
 
+    started = time.time() if started is None else started
     prepare(out, plan, overwrite)
     runs = run_plan(plan, reporter_for, log)
     groups = {algo: [runs[r.name] for r in plan.runs if r.algo == algo] for algo in plan.algos}
     plots = draw_compare(groups, out)
-    wall = sum((run.summary or {}).get("wall_time_s", 0.0) for run in runs.values())
-    summary = summarize(plan, runs, plots, wall)
+    summary = {**summarize(plan, runs, plots), "wall_time_s": time.time() - started}
     write(out, summary, command)
     return summary

@@ -61,8 +61,10 @@ def columns(table: list[tuple[str, str, str, Fmt]], algos: dict[str, dict[str, A
     return [c for c in table if any(a[c[0]]["mean"] is not None for a in algos.values())]
 
 
-def summarize(plan: Plan, runs: dict[str, Run], plots: dict[str, Path], wall_s: float) -> dict[str, Any]:
-    """summary.json's content: the plan, what differs, the prompt check, per-algo and per-run numbers."""
+def summarize(plan: Plan, runs: dict[str, Run], plots: dict[str, Path]) -> dict[str, Any]:
+    """summary.json's content but the command's own `wall_time_s` (which `compare` adds last): the plan,
+    what differs, the prompt check, per-algo and per-run numbers, and `runs_wall_time_s`, the sum of the
+    runs' own wall times (each from whichever command trained it: a rerun reuses finished runs)."""
     per_run = {name: {**run_metrics(run), "run_dir": str(run.path)} for name, run in runs.items()}
     first = {r.algo: r for r in plan.runs if r.seed == plan.seeds[0]}
     return {
@@ -77,7 +79,7 @@ def summarize(plan: Plan, runs: dict[str, Run], plots: dict[str, Path], wall_s: 
         "prompts": check_prompts(plan, runs),
         "algos": by_algo(plan, per_run),
         "runs": per_run,
-        "wall_time_s": wall_s,
+        "runs_wall_time_s": sum((run.summary or {}).get("wall_time_s", 0.0) for run in runs.values()),
         "plots": {k: p.name for k, p in plots.items()},
     }
 
@@ -118,7 +120,8 @@ def markdown(summary: dict[str, Any], command: str) -> str:
         "",
         f"Task `{p['task']}`, model `{p['model']}`, {p['steps']} steps, seeds {seeds}; "
         f"{p['rows_per_step']} rows per step in every run (budget matched by `{p['match']}`); "
-        f"total wall time {summary['wall_time_s']:.0f} s. Cells are mean ± std over seeds.",
+        f"wall time of the command {summary['wall_time_s']:.0f} s (the runs' own: "
+        f"{summary['runs_wall_time_s']:.0f} s). Cells are mean ± std over seeds.",
         "",
         "## What differs between the runs",
         "",

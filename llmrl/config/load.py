@@ -1,7 +1,7 @@
 """Load, merge and validate a run's configuration.
 
-Precedence, lowest first: dataclass defaults < the algorithm's preset < the built-in model's own
-recommendations (`model_defaults.py`) < the recipe file < flags and `--set key=value` overrides. The result is a frozen `Config`; every user mistake becomes a
+Precedence, lowest first: dataclass defaults < the algorithm's preset < the model's own
+recommendations (`model_defaults.py`: the built-in tiny's, or a real model's for its device) < the recipe file < flags and `--set key=value` overrides. The result is a frozen `Config`; every user mistake becomes a
 `ConfigError` naming the key (with the closest valid key when it is unknown).
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import types
 import typing
@@ -39,9 +40,17 @@ def field_types(cls: type = Config, prefix: str = "") -> dict[str, tuple[Any, da
     return out
 
 
+@functools.cache
+def _sections() -> frozenset[str]:
+    """Config's section names (model, lora, …), resolved once: `get_type_hints` evaluates every
+    annotation anew, and `llmrl compare` flattens each run's config many times."""
+    hints = typing.get_type_hints(Config)
+    return frozenset(f.name for f in dataclasses.fields(Config) if _is_section(hints[f.name]))
+
+
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """{'update': {'lr_actor': 1}} → {'update.lr_actor': 1}; sections are the keys of Config."""
-    sections = {f.name for f in dataclasses.fields(Config) if _is_section(typing.get_type_hints(Config)[f.name])}
+    sections = _sections()
     flat: dict[str, Any] = {}
     for key, value in tree.items():
         path = f"{prefix}{key}"
@@ -240,7 +249,10 @@ def load_config(
     user.update(dict(parse_override(s) for s in sets or []))
     algo = user.get("algo", Config.algo)
     model = user.get("model.name", ModelConfig.name)
-    merged = {**preset_for(str(algo)), **defaults_for_model(str(model)), **user}
+    preset = preset_for(str(algo))
+    grouped = int(preset.get("rollout.num_generations", 1)) > 1
+    own = defaults_for_model(str(model), str(user.get("model.device", ModelConfig.device)), grouped)
+    merged = {**preset, **own, **user}
     config = build(merged)
     _check_consistency(config)
     return config

@@ -192,7 +192,7 @@ class DataConfig:
 class RewardConfig:
     functions: list[dict[str, Any]] | None = opt(
         None, "rewards summed with weights, e.g. [{name: numeric, weight: 1.0}, {name: my.mod:fn, weight: 0.5}, "
-        "{model: reward-model-folder, weight: 0.2}]; names: exact_match, numeric, format, length_penalty, "
+        "{model: reward-model-folder, weight: 0.2}]; names: exact_match, numeric, math, format, length_penalty, "
         "module:function, file.py:function; default: the task's own reward",
     )
     success: float = opt(1.0, "with reward.functions: a completion counts as correct when its total reward ≥ this")

@@ -33,6 +33,16 @@ def cache_root() -> Path:
     return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "llmrl"
 
 
+def require_gguf() -> None:
+    """transformers reads a .gguf file with the `gguf` package (a dependency of llmrl); without it,
+    one sentence with the install command instead of transformers' traceback."""
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        raise ConfigError("Reading a .gguf model needs the 'gguf' package, which is not installed: "
+                          "pip install 'gguf>=0.10'.") from None
+
+
 def cached_copy_dir(gguf: Path, root: Path | None = None) -> Path:
     """Where the plain copy of `gguf` lives; the key changes when the file's size or mtime does."""
     st = gguf.stat()
@@ -52,6 +62,7 @@ def plain_copy(gguf: str | Path, out_dir: Path | None = None, trust_remote_code:
     out = Path(out_dir) if out_dir else cached_copy_dir(src)
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
+    require_gguf()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     kwargs = {"gguf_file": src.name, "trust_remote_code": trust_remote_code}

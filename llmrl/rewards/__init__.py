@@ -3,6 +3,7 @@
     reward:
       functions:
         - {name: numeric, weight: 1.0}                        # built-in (options: column, tolerance)
+        - {name: math, column: solution}                      # math-verify's answer check (option: column)
         - {name: format, pattern: '^\\d+$', match: full, weight: 0.2}
         - {name: my_pkg.rewards:politeness, weight: 0.5}        # module:function (importable)
         - {name: rewards/mine.py:score}                         # file.py:function
@@ -28,7 +29,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 
 from ..errors import ConfigError
-from .builtin import BUILTINS, COLUMN_READERS
+from .builtin import BUILTINS, COLUMN_READERS, require_math_verify
 from .resolve import check_options, resolve_function
 
 RESERVED = ("name", "model", "weight", "label")
@@ -132,7 +133,9 @@ def check_columns(specs: Iterable[Mapping[str, Any] | str], columns: set[str], s
 
 
 def _check_builtin(name: str, options: dict[str, Any], columns: set[str], source: str) -> None:
-    """Options of the built-ins that would otherwise fail at the first call."""
+    """Options (and packages) of the built-ins that would otherwise fail at the first call."""
+    if name == "math":
+        require_math_verify()
     if name in COLUMN_READERS:
         col = options.get("column", "answer")
         if col not in columns:

@@ -7,6 +7,8 @@ and the dataset's other columns as keyword arguments, and returns one float per 
 |----------------|-----------------------------------------------------------------------------|
 | exact_match    | 1 if c.strip() == str(answer).strip() else 0                                 |
 | numeric        | 1 if |last_number(c) − last_number(answer)| ≤ tolerance else 0 (0 if none)   |
+| math           | 1 if math-verify finds c's answer equal to the answer (LaTeX, \\boxed{}, fractions, |
+|                | units; `pip install 'llmrl[math]'`) else 0                                    |
 | format         | 1 if the regex `pattern` matches c (`match`: search anywhere, or full) else 0 |
 | length_penalty | −min(1, max(0, len(c) − target) / target): 0 up to `target` characters,      |
 |                | falling linearly to −1 at 2·target                                          |
@@ -16,7 +18,10 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from typing import Any, Sequence
+
+from ..errors import ConfigError
 
 # Signed integers or decimals, with optional thousands separators: "-3", "1,234", "2.5" (a sentence's
 # final full stop is not a decimal point: "19." reads as 19).
@@ -54,6 +59,38 @@ def numeric(prompts: Sequence[Any], completions: Sequence[str], column: str = "a
     return out
 
 
+def require_math_verify() -> None:
+    """The `math` reward checks answers with Hugging Face's math-verify, an optional extra."""
+    try:
+        import math_verify  # noqa: F401
+    except ImportError:
+        raise ConfigError("Reward 'math' needs the 'math-verify' package, which is not installed: "
+                          "pip install 'llmrl[math]' (from a clone: pip install -e '.[math]').") from None
+
+
+def math_answer(prompts: Sequence[Any], completions: Sequence[str], column: str = "answer",
+                **columns: Any) -> list[float]:
+    """The built-in `math`: 1.0 when math-verify (what TRL's accuracy reward uses) parses an answer out
+    of the completion (a \\boxed{} answer first, else LaTeX or a plain expression, units dropped) that
+    equals the `column` value as mathematics (\\frac{1}{2} = 0.5 = 1/2); else 0.0. The answer is read as
+    text, else inside $…$ (so `x+1` reads); one that neither reads (a blank one) raises a ValueError."""
+    from math_verify import parse, verify
+
+    # math-verify bounds each parse and comparison with signal.alarm, which only the main thread may set
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    golds: dict[str, list[Any]] = {}
+    out = []
+    for c, a in zip(completions, _answers(columns, column), strict=True):
+        text = str(a)
+        if text not in golds:
+            golds[text] = parse(text, parsing_timeout=timeout) or parse(f"${text}$", parsing_timeout=timeout)
+            if not golds[text]:
+                raise ValueError(f"math-verify cannot read the answer {text!r} as mathematics")
+        got = parse(c, parsing_timeout=timeout)
+        out.append(1.0 if got and verify(golds[text], got, timeout_seconds=timeout) else 0.0)
+    return out
+
+
 def format(prompts: Sequence[Any], completions: Sequence[str], pattern: str = "", match: str = "search",
            **columns: Any) -> list[float]:
     """1.0 when the regex matches (re.DOTALL: '.' spans lines); `match` is 'search' (anywhere) or 'full'."""
@@ -67,5 +104,6 @@ def length_penalty(prompts: Sequence[Any], completions: Sequence[str], target: i
     return [-min(1.0, max(0, len(c) - target) / target) for c in completions]
 
 
-BUILTINS = {"exact_match": exact_match, "numeric": numeric, "format": format, "length_penalty": length_penalty}
-COLUMN_READERS = ("exact_match", "numeric")  # built-ins that read a dataset column (option `column`)
+BUILTINS = {"exact_match": exact_match, "numeric": numeric, "math": math_answer, "format": format,
+            "length_penalty": length_penalty}
+COLUMN_READERS = ("exact_match", "numeric", "math")  # built-ins that read a dataset column (option `column`)

@@ -27,15 +27,18 @@ def _plain(value: Any) -> Any:
 
 
 def sample_rows(step: int, rows: Sequence[dict[str, Any]], completions: Sequence[str], scores: Tensor,
-                group_size: int, k: int) -> list[dict[str, Any]]:
-    """The first `k` of the N = B·G rows: {step, prompt, completion, reward, <extra columns>}.
+                group_size: int, k: int, parts: dict[str, Tensor] | None = None) -> list[dict[str, Any]]:
+    """The first `k` of the N = B·G rows: {step, prompt, completion, reward, [rewards,] <extra columns>}.
 
-    `rows` are the B dataset rows; row i of the batch answers `rows[i // group_size]`.
+    `rows` are the B dataset rows; row i of the batch answers `rows[i // group_size]`. With a reward of
+    several terms (`parts`: {label: (N,)}, reward = Σ weight · term), `rewards` holds each term's
+    value for the row, unweighted: {label: value}.
     """
     out = []
     for i in range(min(k, len(completions))):
         data = rows[i // group_size]
         extra = {key: _plain(v) for key, v in data.items() if key != "prompt"}
+        terms = {"rewards": {label: float(v[i]) for label, v in parts.items()}} if parts and len(parts) > 1 else {}
         out.append({"step": step, "prompt": _plain(data["prompt"]), "completion": completions[i],
-                    "reward": float(scores[i]), **extra})
+                    "reward": float(scores[i]), **terms, **extra})
     return out

@@ -31,7 +31,8 @@ def role_costs(stack: PolicyStack) -> list[RoleCost]:
     adapter_ids = {id(p) for role in ("actor", "critic") if role != "critic" or stack.has_critic
                    for p in stack.parameters_of(role)}
     base = [p for p in stack.peft.parameters() if id(p) not in adapter_ids]
-    rows = [RoleCost("base (frozen, shared by actor, critic, reference)", *_size(base))]
+    roles = "actor, critic, reference" if stack.has_critic else "actor, reference"
+    rows = [RoleCost(f"base (frozen, shared by {roles})", *_size(base))]
     rows.append(RoleCost("actor LoRA adapter", *_size(stack.parameters_of("actor"))))
     trainable = _size(stack.parameters_of("actor"))[0]
     if stack.has_critic and stack.value_head is not None:

@@ -116,7 +116,7 @@ def run_step(s: Session, step: int) -> StepReport:
     }
     # the batch's first rows are rank 0's first rows: rank 0 logs the same samples as one process
     logged = (sample_rows(step + 1, rows, samples.completions, scores.scores, samples.group_size,
-                          cfg.log.completions_rows)
+                          cfg.log.completions_rows, scores.parts or None)
               if s.dist.is_main and due(step + 1, cfg.log.completions_every) else [])
     return StepReport(row, logged)
 

@@ -6,7 +6,8 @@
                                      mean over seeds with a ±1 std band
 
 Reward curves are smoothed by a trailing moving average over w = max(1, S // 25) steps (S = steps
-shown); the raw per-step reward of a single run is drawn faintly behind its smoothed line.
+shown); the raw per-step reward of a single run is drawn faintly behind its smoothed line. Step axes
+have whole-number ticks only; accuracy axes run over [0, 1].
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from ..errors import ConfigError
 from .folder import Run
@@ -74,6 +76,16 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
+def step_axis(ax: Axes) -> None:
+    """Ticks at whole steps only (a 2-step run would otherwise get 1.0, 1.2, …, 2.0)."""
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def accuracy_axis(ax: Axes) -> None:
+    """An accuracy (a share of prompts) runs from 0 to 1, whatever matplotlib's margins or ±std bars do."""
+    ax.set_ylim(0.0, 1.0)
+
+
 def _axes(title: str, xlabel: str, ylabel: str, size: tuple[float, float] = (7, 4)) -> tuple[Figure, Axes]:
     fig = Figure(figsize=size, layout="constrained")
     ax = fig.add_subplot()
@@ -83,6 +95,11 @@ def _axes(title: str, xlabel: str, ylabel: str, size: tuple[float, float] = (7, 
 
 
 def draw_runs(runs: Sequence[Run], path: Path, labels: Sequence[str] | None = None) -> Path:
+    """`runs_figure` saved to `path`."""
+    return _save(runs_figure(runs, labels), path)
+
+
+def runs_figure(runs: Sequence[Run], labels: Sequence[str] | None = None) -> Figure:
     """Three panels (train reward, KL to the reference, held-out accuracy) vs step, one line per run."""
     if not runs:
         raise ConfigError("Nothing to plot: no runs given.")
@@ -105,11 +122,13 @@ def draw_runs(runs: Sequence[Run], path: Path, labels: Sequence[str] | None = No
             axes[1].plot(x, smooth(y), color=color, label=name)
         x, y = accuracy_points(run)
         if len(x):
-            axes[2].plot(x, y, "o-", color=color, label=name)
+            axes[2].plot(x, y, "o-", color=color, label=name, clip_on=False)  # points at 0 or 1 drawn whole
     for ax in axes:
+        step_axis(ax)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    return _save(fig, path)
+    accuracy_axis(axes[2])
+    return fig
 
 
 def _mean_band(curves: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -142,7 +161,7 @@ def _kl_steps(run: Run) -> np.ndarray:
     return series(run, "kl")[0]
 
 
-def draw_accuracy(groups: dict[str, list[Run]], path: Path) -> Path:
+def accuracy_figure(groups: dict[str, list[Run]]) -> Figure:
     """Bars of held-out accuracy before and after per algorithm: mean over seeds, ±1 std error bars."""
     fig, ax = _axes("held-out accuracy (greedy), mean ± std over seeds", "", "accuracy")
     names = list(groups)
@@ -158,20 +177,28 @@ def draw_accuracy(groups: dict[str, list[Run]], path: Path) -> Path:
         ax.bar_label(bars, labels=["" if np.isnan(m) else f"{100 * m:.1f}" for m in means], fontsize=7, padding=2)
     ax.set_xticks(x, names)
     ax.legend(handles=[Patch(facecolor="grey", alpha=0.45, label="before"), Patch(facecolor="grey", label="after")], fontsize=8)
-    return _save(fig, path)
+    accuracy_axis(ax)
+    return fig
+
+
+def compare_figures(groups: dict[str, list[Run]]) -> dict[str, Figure]:
+    """reward_vs_step, reward_vs_time, kl_vs_step and accuracy, one line (or bar) per algorithm."""
+    out: dict[str, Figure] = {}
+    fig, ax = _axes("train reward vs step (mean ± std over seeds)", "step", "mean reward")
+    _group_lines(ax, groups, "reward_mean", _steps_of)
+    step_axis(ax)
+    out["reward_vs_step"] = fig
+    fig, ax = _axes("train reward vs wall time (mean ± std over seeds)", "training seconds (evaluation excluded)", "mean reward")
+    _group_lines(ax, groups, "reward_mean", wall_clock)
+    out["reward_vs_time"] = fig
+    fig, ax = _axes("KL to reference vs step (mean ± std over seeds)", "step", "KL per sequence")
+    _group_lines(ax, groups, "kl", _kl_steps)
+    step_axis(ax)
+    out["kl_vs_step"] = fig
+    out["accuracy"] = accuracy_figure(groups)
+    return out
 
 
 def draw_compare(groups: dict[str, list[Run]], folder: Path) -> dict[str, Path]:
     """reward_vs_step.png, reward_vs_time.png, kl_vs_step.png, accuracy.png under `folder`."""
-    out: dict[str, Path] = {}
-    fig, ax = _axes("train reward vs step (mean ± std over seeds)", "step", "mean reward")
-    _group_lines(ax, groups, "reward_mean", _steps_of)
-    out["reward_vs_step"] = _save(fig, folder / "reward_vs_step.png")
-    fig, ax = _axes("train reward vs wall time (mean ± std over seeds)", "training seconds (evaluation excluded)", "mean reward")
-    _group_lines(ax, groups, "reward_mean", wall_clock)
-    out["reward_vs_time"] = _save(fig, folder / "reward_vs_time.png")
-    fig, ax = _axes("KL to reference vs step (mean ± std over seeds)", "step", "KL per sequence")
-    _group_lines(ax, groups, "kl", _kl_steps)
-    out["kl_vs_step"] = _save(fig, folder / "kl_vs_step.png")
-    out["accuracy"] = draw_accuracy(groups, folder / "accuracy.png")
-    return out
+    return {name: _save(fig, folder / f"{name}.png") for name, fig in compare_figures(groups).items()}

@@ -80,7 +80,7 @@ def task_from_config(config: "Config") -> Task:
     if not config.reward.functions:
         if task.reward is _no_reward:
             raise ConfigError("A dataset needs a reward: pass --reward NAME or set reward.functions "
-                              "(built-ins: exact_match, numeric, format, length_penalty).")
+                              "(built-ins: exact_match, numeric, math, format, length_penalty).")
         return task
     from ..models.load import DTYPES, resolve_device
     from ..rewards import build_reward, check_columns
