@@ -110,14 +110,25 @@ def policy_loss(
     """
     clip_high = clip_low if clip_high is None else clip_high
     log_ratio = torch.where(mask, logprobs - old_logprobs, torch.zeros_like(logprobs))
-    ratio = torch.exp(log_ratio)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    per_token = torch.maximum(unclipped, clipped)
+    per_token, was_clipped = _clipped_surrogate(torch.exp(log_ratio), advantages, clip_low, clip_high)
     if dual_clip is not None:
         per_token = torch.where(advantages < 0, torch.minimum(per_token, -dual_clip * advantages), per_token)
+    return _policy_loss(per_token, was_clipped, logprobs, old_logprobs, mask, agg, totals)
+
+
+def _clipped_surrogate(ratio: Tensor, advantages: Tensor, clip_low: float, clip_high: float) -> tuple[Tensor, Tensor]:
+    """(ℓ_t = max(−A_t ρ_t, −A_t clip(ρ_t, 1 − ε_low, 1 + ε_high)), where the clipped branch was taken), (N, T) each."""
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    return torch.maximum(unclipped, clipped), clipped > unclipped
+
+
+def _policy_loss(per_token: Tensor, was_clipped: Tensor, logprobs: Tensor, old_logprobs: Tensor, mask: Tensor,
+                 agg: str, totals: dict[str, float | None]) -> PolicyLoss:
+    """The aggregated loss with its diagnostics: the share of kept tokens `was_clipped` marks, and the
+    mean of k3(π_old‖π_θ) over kept tokens."""
     with torch.no_grad():
-        clip_frac = masked_mean((clipped > unclipped).float(), mask)
+        clip_frac = masked_mean(was_clipped.float(), mask)
         approx_kl = masked_mean(kl_penalty(old_logprobs, logprobs, "k3"), mask)
     return PolicyLoss(aggregate(per_token, mask, agg, **totals), clip_frac, approx_kl)
 
@@ -150,13 +161,8 @@ def gspo_loss(
     log_ratio = torch.where(mask, logprobs - old_logprobs, zeros)
     seq_log_ratio = log_ratio.sum(-1) / mask.sum(-1).clamp(min=1)  # (N,)
     ratio = torch.exp(logprobs - logprobs.detach() + seq_log_ratio.detach()[:, None])  # s_it, (N, T)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    per_token = torch.maximum(unclipped, clipped)
-    with torch.no_grad():
-        clip_frac = masked_mean((clipped > unclipped).float(), mask)
-        approx_kl = masked_mean(kl_penalty(old_logprobs, logprobs, "k3"), mask)
-    return PolicyLoss(aggregate(per_token, mask, agg, **totals), clip_frac, approx_kl)
+    per_token, was_clipped = _clipped_surrogate(ratio, advantages, clip_low, clip_high)
+    return _policy_loss(per_token, was_clipped, logprobs, old_logprobs, mask, agg, totals)
 
 
 @register_policy_loss("cispo", formula="−sg(clip(ρ_t, 1−ε_low, 1+ε_high))·A·log π_θ(a_t), ρ_t = π_θ/π_old per token",
@@ -186,10 +192,7 @@ def cispo_loss(
     ratio = torch.exp(torch.where(mask, logprobs - old_logprobs, zeros)).detach()
     weight = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     per_token = -weight * advantages * logprobs
-    with torch.no_grad():
-        clip_frac = masked_mean((weight != ratio).float(), mask)
-        approx_kl = masked_mean(kl_penalty(old_logprobs, logprobs, "k3"), mask)
-    return PolicyLoss(aggregate(per_token, mask, agg, **totals), clip_frac, approx_kl)
+    return _policy_loss(per_token, weight != ratio, logprobs, old_logprobs, mask, agg, totals)
 
 
 def resolve_policy_loss(name: str, module: str | None, dual_clip: float | None) -> PolicyLossSpec:

@@ -38,3 +38,27 @@ def digits_task(name: str = "digits", success: float = 1.0):
 def is_timing(key: str) -> bool:
     """A metrics-row key that holds wall seconds (`step_time_s`, `time_<phase>_s`): never compared."""
     return key == "step_time_s" or (key.startswith("time_") and key.endswith("_s"))
+
+
+# a CLI run of the tiny model small enough for a refusal test, and the in-process CLI checks
+CLI_SMALL = ["--set", "rollout.prompts_per_step=4", "--set", "update.minibatch_size=4", "--set", "eval.size=2",
+             "--set", "eval.every=0", "--set", "threads=1"]
+
+
+def cli_run(args: list[str]) -> tuple[int, str, str]:
+    """`llmrl ARGS` in-process: (exit code, stdout, stderr)."""
+    from typer.testing import CliRunner
+
+    from llmrl.cli import app
+
+    result = CliRunner().invoke(app, args)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def cli_refused(args: list[str], message: str, code: int = 2) -> str:
+    """Run the CLI and check: exit `code`, `message` on stderr, one line, no traceback."""
+    exit_code, stdout, stderr = cli_run(args)
+    assert exit_code == code, (exit_code, stdout, stderr)
+    assert message in stderr, stderr
+    assert "Traceback" not in stdout + stderr and len(stderr.strip().splitlines()) == 1, stderr
+    return stderr

@@ -177,7 +177,8 @@ def test_a_different_plan_is_refused_unless_overwrite(tiny_model_dir: Path, tmp_
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--algos", "ppo,grpp"], "Unknown algorithm 'grpp'; valid algorithms: ppo, reinforce, reinforce_baseline, a2c, grpo, dr_grpo, rloo, remax."),
+        (["--algos", "ppo,grpp"], "Unknown algorithm 'grpp'; valid algorithms: ppo, reinforce, reinforce_baseline, a2c, grpo, dr_grpo, rloo, remax, reinforce_pp, "
+                                   "reinforce_pp_baseline, gspo, dapo, cispo."),
         (["--algos", "ppo,ppo"], "--algos lists ppo more than once."),
         (["--algos", "ppo", "--seeds", "0,x"], "--seeds expects comma-separated integers ≥ 0"),
         (["--algos", "ppo", "--set", "seed=3"], "use --seeds instead of --set seed=…"),

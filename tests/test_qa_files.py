@@ -14,28 +14,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
-from llmrl.cli import app
+from tests.helpers import CLI_SMALL, cli_refused, cli_run
 from llmrl.run.folder import LOCK, atomic_write
 
 ROOT = Path(__file__).resolve().parent.parent
-SMALL = ["--set", "rollout.prompts_per_step=4", "--set", "update.minibatch_size=4", "--set", "eval.size=2",
-         "--set", "eval.every=0", "--set", "threads=1"]
-
-
-def _run(args: list[str]) -> tuple[int, str, str]:
-    result = CliRunner().invoke(app, args)
-    return result.exit_code, result.stdout, result.stderr
-
-
-def _refused(args: list[str], message: str, code: int = 2) -> str:
-    """Run the CLI in-process: exit `code`, `message` on stderr, one line, no traceback."""
-    exit_code, stdout, stderr = _run(args)
-    assert exit_code == code, (exit_code, stdout, stderr)
-    assert message in stderr, stderr
-    assert "Traceback" not in stdout + stderr and len(stderr.strip().splitlines()) == 1, stderr
-    return stderr
+SMALL = CLI_SMALL
+_run, _refused = cli_run, cli_refused
 
 
 def _env() -> dict[str, str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -72,7 +73,7 @@ def test_the_built_in_default_run_is_unchanged() -> None:
     # the schema's defaults with the ppo preset and tiny's own: 512 prompts × 1, 5 tokens, 400 steps
     ppo = _resolved()
     assert ppo["model"]["name"] == "tiny" and ppo["steps"] == 400 and ppo["threads"] is None
-    assert ppo["rollout"] == {"prompts_per_step": 512, "num_generations": 1, "max_new_tokens": 5, "temperature": 1.0,
+    assert ppo["rollout"] == {"engine": "hf", "prompts_per_step": 512, "num_generations": 1, "max_new_tokens": 5, "temperature": 1.0,
                               "top_p": 1.0, "generation_logprobs": True}
     assert ppo["update"]["minibatch_size"] == 256 and ppo["update"]["lr_actor"] == 1e-3
     assert ppo["lora"]["r"] == 8 and ppo["lora"]["modules_to_save"] == ["norm"]
@@ -169,7 +170,8 @@ def test_preview_shows_the_user_message_and_the_log_every_reward_term(chat_model
 
 # ---- 18: algos names never cut; plots; plot CMP_DIR; compare's wall time; memory line; eval wording --
 
-ALGO_NAMES = ("ppo", "reinforce", "reinforce_baseline", "a2c", "grpo", "dr_grpo", "rloo", "remax")
+ALGO_NAMES = ("ppo", "reinforce", "reinforce_baseline", "a2c", "grpo", "dr_grpo", "rloo", "remax", "reinforce_pp",
+              "reinforce_pp_baseline", "gspo", "dapo", "cispo")
 
 
 @pytest.mark.parametrize("columns", [None, "80", "60"])
@@ -190,7 +192,8 @@ def test_algos_never_cuts_a_name(columns: str | None) -> None:
 def test_algos_is_a_table_where_it_fits() -> None:
     done = _cli("algos", env={"COLUMNS": "250"})
     assert done.returncode == 0 and "…" not in done.stdout
-    assert "│ reinforce_baseline │ reinforce_baseline │" in done.stdout
+    assert re.search(r"│ reinforce_pp_baseline │ reinforce_pp_baseline │", done.stdout)  # the widest name, whole
+    assert re.search(r"│ reinforce_baseline +│ reinforce_baseline +│", done.stdout)
 
 
 def _run(name: str, accuracies: tuple[float, float], rewards: list[float]) -> "Run":
