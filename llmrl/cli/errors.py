@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 from typing import Any, Callable
 
 import typer
@@ -20,6 +21,18 @@ def _prints(exc: BaseException) -> bool:
     return os.environ.get("RANK", "0") == "0" or isinstance(exc, PeerLost)
 
 
+QUIET_RANK_WAIT_S = 5.0
+"""How long a rank that does not print waits before it exits: torchrun stops every process as soon as
+one exits with an error, so a quiet rank leaving first could stop rank 0 before it has printed."""
+
+
+def _report(exc: BaseException, message: str) -> None:
+    if _prints(exc):
+        print(message, file=sys.stderr)
+    else:
+        time.sleep(QUIET_RANK_WAIT_S)
+
+
 def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap a Typer command: LLMRLError → 'error: …' on stderr and its exit code; Ctrl-C → 130."""
 
@@ -28,12 +41,10 @@ def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except LLMRLError as exc:
-            if _prints(exc):
-                print(f"error: {exc}", file=sys.stderr)
+            _report(exc, f"error: {exc}")
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt as exc:
-            if _prints(exc):
-                print("error: interrupted.", file=sys.stderr)
+            _report(exc, "error: interrupted.")
             raise typer.Exit(130) from None
 
     return wrapper
