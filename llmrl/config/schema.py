@@ -65,8 +65,9 @@ class LoraConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    engine: str = opt("hf", "generation engine: 'hf' decodes from the policy stack with its KV cache (engines/)",
-                      choices=("hf",))
+    engine: str = opt("hf", "generation engine: 'hf' decodes from the policy stack with its KV cache; 'vllm' samples "
+                      "with a colocated vLLM engine synced after every update (engine.*, docs/engines.md)",
+                      choices=("hf", "vllm"))
     prompts_per_step: int = opt(512, "B: prompts sampled per step", min=1)
     num_generations: int = opt(1, "G: responses per prompt (rows of a group are contiguous)", min=1)
     max_new_tokens: int = opt(5, "longest response in tokens", min=1)
@@ -206,6 +207,32 @@ class RewardConfig:
 
 
 @dataclass(frozen=True)
+class EngineConfig:
+    """Settings of the `vllm` engine (rollout.engine=vllm); the `hf` engine has none."""
+
+    sync: str = opt(
+        "merged", "how the actor reaches the engine after each update: 'merged' pushes W + s·B·A of the adapted "
+        "layers (and trained modules_to_save) into its weights; 'adapter' serves the LoRA adapter as a LoRA request "
+        "(one base in memory; slower kernels, on the CPU especially)", choices=("merged", "adapter"),
+    )
+    dtype: str | None = opt(None, "the engine's dtype; default: the model's (model.dtype)",
+                            choices=("float32", "bfloat16", "float16"))
+    gpu_memory_utilization: float = opt(
+        0.3, "on a GPU: the share of its memory the engine takes for weights and KV cache (the trainer needs the rest)",
+        gt=0, max=1,
+    )
+    kv_cache_gb: float = opt(1.0, "on the CPU: GiB of KV cache the engine allocates", gt=0)
+    max_model_len: int | None = opt(None, "longest prompt + response (tokens) the engine serves; default: the "
+                                    "model's context", min=1)
+    max_num_seqs: int = opt(256, "most sequences the engine decodes at once", min=1)
+    enforce_eager: bool | None = opt(None, "run without CUDA graphs or compilation; default: true on the CPU, false "
+                                     "on a GPU")
+    sleep: bool = opt(False, "on a GPU: offload the engine's weights and drop its KV cache during the update "
+                      "(vLLM sleep level 1), waking it for the sync")
+    prefix_caching: bool = opt(True, "reuse the KV cache of a prompt for the other samples of its group")
+
+
+@dataclass(frozen=True)
 class DistConfig:
     timeout_s: float = opt(
         600.0, "torchrun runs: seconds a process waits for the others in a collective before the run stops", gt=0
@@ -234,4 +261,5 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     dist: DistConfig = field(default_factory=DistConfig)

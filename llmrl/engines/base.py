@@ -76,6 +76,7 @@ class GenerationEngine(Protocol):
     """What the step needs from an engine."""
 
     name: str
+    own_weights: bool  # True: samples from its own copy of the weights (log-probs are μ, synced by `sync`)
 
     def generate(self, request: GenerationRequest) -> Generation: ...
 

@@ -125,6 +125,7 @@ class HFEngine:
     pad_id: int
     dist: DistContext = SINGLE
     name: str = "hf"
+    own_weights: bool = False  # samples from the stack itself: its decoding log-probs are log π_old
 
     @torch.no_grad()
     def generate(self, request: GenerationRequest) -> Generation:

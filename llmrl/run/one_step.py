@@ -78,7 +78,7 @@ def run_step(s: Session, step: int) -> StepReport:
     rows = [s.task.train[i] for i in mine.tolist()]
     with clock("generate"):
         samples = generate(s.engine, s.tokenizer, rows, mine, cfg=cfg.rollout, seed=cfg.seed, step=step,
-                           device=device, logprobs=plan.old_logprobs and plan.from_generation, greedy=plan.greedy)
+                           device=device, logprobs=(plan.old_logprobs and plan.from_generation) or plan.behaviour, greedy=plan.greedy)
     with clock("score"):
         scores = s.dist.agree(lambda: score(samples, s.task.reward, device))
     with clock("forward"):

@@ -74,13 +74,17 @@ def resolve_estimator(config: Config) -> EstimatorSpec:
     return spec
 
 
-def plan_for(config: Config, spec: EstimatorSpec, stack: PolicyStack) -> StepPlan:
-    """What each step computes, from the estimator's needs and the settings (never an algorithm's name)."""
+def plan_for(config: Config, spec: EstimatorSpec, stack: PolicyStack, own_weights: bool = False) -> StepPlan:
+    """What each step computes, from the estimator's needs and the settings (never an algorithm's name).
+
+    `own_weights`: the engine samples from its own copy of the weights (vLLM), so its log-probs are
+    the behaviour policy μ, recorded for the correction, and never serve as log π_old."""
     critic_in_update = spec.needs.critic and on_policy_values(config)
     return StepPlan(reference=config.kl.beta > 0, critic=spec.needs.critic and not critic_in_update,
                     greedy=spec.needs.greedy, critic_in_update=critic_in_update, base_hidden=stack.critic_shortcut,
                     old_logprobs=not on_policy_update(config),
-                    from_generation=generation_logprobs(config.rollout, stack.lm.dtype))
+                    from_generation=generation_logprobs(config.rollout, stack.lm.dtype) and not own_weights,
+                    behaviour=own_weights)
 
 
 def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: bool = False,
@@ -113,7 +117,7 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
     else:  # a run extended with --steps records its new length: config.yaml stays the recipe of the run
         dist.main_only(lambda: _record_steps(folder, config))
     return Session(
-        config, task, tokenizer, stack, engine, spec, plan_for(config, spec, stack), make_optimizers(stack, config.update),
+        config, task, tokenizer, stack, engine, spec, plan_for(config, spec, stack, getattr(engine, "own_weights", False)), make_optimizers(stack, config.update),
         KLController(config.kl.beta, config.kl.adaptive, config.kl.target, config.kl.horizon),
         PromptSampler(len(task.train), config.rollout.prompts_per_step, config.seed), folder,
         torch.Generator().manual_seed(config.seed + 1), dist,

