@@ -48,7 +48,15 @@ def _import_vllm() -> Any:
         import vllm
     except ImportError:
         raise ConfigError(MISSING) from None
+    except Exception as exc:  # e.g. a CUDA torchvision beside the CPU torch: "operator torchvision::nms does not exist"
+        raise ConfigError(f"vLLM is installed but fails to import ({_first_line(exc)}); on the CPU, "
+                          "`pip uninstall -y torchvision torchaudio torchcodec` removes the usual cause.") from None
     return vllm
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0].rstrip(".") if text else type(exc).__name__
 
 
 def _reload(worker: Any, tensors: list[tuple[str, Tensor]]) -> None:
@@ -198,20 +206,32 @@ def check_settings(config: Any, device: torch.device) -> None:
         raise ConfigError("The vllm engine needs the whole base on every process; it cannot run with dist.shard_base.")
 
 
+def _check_cpu_head_size(text_config: Any) -> None:
+    """vLLM's CPU attention has kernels for some head sizes only; others fail at the first decode."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    head = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
+    if head not in sizes:
+        raise ConfigError(f"vLLM's CPU attention supports head sizes {', '.join(map(str, sizes))}, and this model's "
+                          f"is {head}: use rollout.engine=hf for it.")
+
+
 @register_engine("vllm")
 def vllm_engine(*, stack: PolicyStack, tokenizer: Any, config: Any, dist: DistContext = SINGLE) -> VLLMEngine:
     """A colocated vLLM engine on the run's device, loaded from the base's folder (or hub id)."""
     device = stack.lm.device
     check_settings(config, device)
     vllm = _import_vllm()
+    if device.type == "cpu":
+        _check_cpu_head_size(stack.lm.config.get_text_config())
     dtype = DTYPES[config.engine.dtype] if config.engine.dtype else stack.lm.dtype
     source, _ = model_source(config.model, show_progress=False)
     threads, set_threads = torch.get_num_threads(), torch.set_num_threads
     try:
         llm = vllm.LLM(**_llm_settings(config, source, device, dtype, config.lora.r))
     except Exception as exc:  # vLLM's own refusals (an architecture or head size it lacks kernels for)
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"vLLM cannot serve model '{config.model.name}': {first}") from None
+        raise ConfigError(f"vLLM cannot serve model '{config.model.name}': {_first_line(exc)}.") from None
     finally:  # vLLM's CPU worker pins torch to 1 thread and disables set_num_threads: the trainer needs them
         torch.set_num_threads = set_threads
         torch.set_num_threads(threads)
