@@ -110,7 +110,10 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
 
 
 def _coerce_numbers(key: str, value: Any) -> list[float]:
-    """A list of finite numbers; a string 'a,b' is split at the commas (`--set update.is_band=0.5,2`)."""
+    """A list of finite numbers; a string 'a,b' is split at the commas (`--set update.is_band=0.5,2`),
+    a lone number is a list of one."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = [value]
     if isinstance(value, str):
         try:
             value = [float(v) for v in value.split(",") if v.strip()]
