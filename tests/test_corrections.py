@@ -87,7 +87,9 @@ def test_masked_positions_never_matter(name: str) -> None:
 
 def test_the_cap_and_the_band_are_the_arguments() -> None:
     old, mu = _table()
-    # C = 4: tis keeps 3.0 whole and seq_tis keeps row 0's 4.5 → 4; band [0.3, 3.5] rejects nothing
+    # C = 4: tis keeps 3.0 whole and seq_tis keeps row 0's 4.5 → 4; band [0.3, 3.5] rejects nothing;
+    # seq_mask with band [0.75, 2.5]: row 0 √4.5 = 2.1213 ≤ 2.5 kept, row 1 √0.5 = 0.7071 < 0.75 rejected
+    close(get_correction("seq_mask")(old, mu, MASK, 2.0, (0.75, 2.5)).weights, [[1, 1, 0], [0, 0, 0]])
     close(get_correction("tis")(old, mu, MASK, 4.0, (0.5, 2.0)).weights, [[1.5, 3.0, 0], [0, 1.25, 0.4]])
     close(get_correction("seq_tis")(old, mu, MASK, 4.0, (0.5, 2.0)).weights, [[4.0, 4.0, 0], [0, 0.5, 0.5]])
     close(get_correction("token_mask")(old, mu, MASK, 2.0, (0.3, 3.5)).weights, [[1, 1, 0], [0, 1, 1]])
