@@ -151,7 +151,7 @@ class UpdateConfig:
     )
     is_clip: float = opt(2.0, "C, the cap of the tis and seq_tis weights", min=1)
     is_band: list[float] = opt(
-        [0.5, 2.0], "[low, high]: token_mask and seq_mask keep a token (a sequence) whose ratio π_old/μ lies in "
+        [0.5, 2.0], "low, high: token_mask and seq_mask keep a token (a sequence) whose ratio π_old/μ lies in "
         "low ≤ ρ ≤ high (0 < low < 1 < high)"
     )
     mask_truncated: bool = opt(
