@@ -13,7 +13,7 @@ ROOT = Path(llmrl.__file__).parent
 LAYERS = [
     ["errors", "ops"],
     ["config", "algos"],
-    ["losses", "estimators", "kl_control"],
+    ["losses", "corrections", "estimators", "kl_control"],
     ["models"],
     ["tasks", "rewards"],
     ["parallel"],

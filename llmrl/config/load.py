@@ -84,6 +84,8 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
             return None
         inner = [a for a in args if a is not type(None)]
         return coerce(key, value, inner[0])
+    if origin is list and typing.get_args(tp)[:1] == (float,):
+        return _coerce_numbers(key, value)
     if origin is list and typing.get_args(tp)[:1] != (str,):
         return _coerce_specs(key, value)
     if origin is list:
@@ -105,6 +107,23 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
     if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
         raise ConfigError(f"'{key}' must be {_type_name(tp)}, got {value!r}.")
     return value
+
+
+def _coerce_numbers(key: str, value: Any) -> list[float]:
+    """A list of finite numbers; a string 'a,b' is split at the commas (`--set update.is_band=0.5,2`),
+    a lone number is a list of one."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = [value]
+    if isinstance(value, str):
+        try:
+            value = [float(v) for v in value.split(",") if v.strip()]
+        except ValueError:
+            raise ConfigError(f"'{key}' must be a list of numbers, got {value!r}.") from None
+    if not isinstance(value, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        raise ConfigError(f"'{key}' must be a list of numbers, got {value!r}.")
+    if not all(math.isfinite(v) for v in value):
+        raise ConfigError(f"'{key}' must hold finite numbers, got {value!r}.")
+    return [float(v) for v in value]
 
 
 def _coerce_specs(key: str, value: Any) -> list[dict[str, Any]]:
@@ -267,6 +286,7 @@ def _check_consistency(config: Config) -> None:
             f"(rollout.prompts_per_step × rollout.num_generations = {rows})."
         )
     _check_sampling_and_kl(config)
+    _check_is_band(config.update.is_band)
     if config.update.on_policy_logprobs == "on" and not exactly_on_policy(config):
         raise ConfigError(
             "'update.on_policy_logprobs' needs one exactly on-policy update: update.epochs=1, "
@@ -300,6 +320,15 @@ def _check_sampling_and_kl(config: Config) -> None:
             "'kl.estimator' k1 with kl.placement=loss regularises nothing: the expected gradient of "
             "log π − log π_ref under the policy's own samples is zero; use kl.estimator=k3 (or k2) in the loss, "
             "or kl.placement=reward."
+        )
+
+
+def _check_is_band(band: list[float]) -> None:
+    """`update.is_band` = [low, high] with 0 < low < 1 < high: a band that excludes ρ = 1 would reject
+    the tokens on which the sampler and the trainer agree."""
+    if len(band) != 2 or not 0 < band[0] < 1 < band[1]:
+        raise ConfigError(
+            f"'update.is_band' must be [low, high] with 0 < low < 1 < high (a band around the ratio 1), got {band!r}."
         )
 
 

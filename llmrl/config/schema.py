@@ -142,6 +142,19 @@ class UpdateConfig:
         "update.policy_loss_module; the clip range is update.clip_eps / clip_eps_high for each"
     )
     policy_loss_module: str | None = opt(None, "import this Python module first (it may register policy losses)")
+    is_correction: str = opt(
+        "tis", "importance-sampling correction of each token's policy-gradient term when the engine's sampler μ is "
+        "not the trainer's π_old (docs/engines.md), ρ_t = π_old/μ: off (w = 1), tis (w_t = min(ρ_t, C)), seq_tis "
+        "(w_i = min(Π_t ρ_t, C) per sequence), token_mask (w_t = 1 if ρ_t in update.is_band else 0), seq_mask "
+        "(w_i = 1 if the geometric mean of the row's ρ_t is in update.is_band else 0); no effect when log π_old "
+        "comes from the sampler's own decoding (the hf engine)",
+        choices=("off", "tis", "seq_tis", "token_mask", "seq_mask"),
+    )
+    is_clip: float = opt(2.0, "C, the cap of the tis and seq_tis weights", min=1)
+    is_band: list[float] = opt(
+        [0.5, 2.0], "low, high: token_mask and seq_mask keep a token (a sequence) whose ratio π_old/μ lies in "
+        "low ≤ ρ ≤ high (0 < low < 1 < high)"
+    )
     mask_truncated: bool = opt(
         False, "leave completions that hit rollout.max_new_tokens without EOS out of the policy and value losses "
         "(DAPO's overlong filtering); their rewards still count in the advantages of their group"

@@ -105,6 +105,14 @@ class DistContext:
             return list(values)
         return self.sum(torch.tensor(list(values), dtype=torch.float64)).tolist()
 
+    def max_floats(self, values: Sequence[float]) -> list[float]:
+        """The maximum over ranks of each value (one float64 all-reduce)."""
+        if not self.active:
+            return list(values)
+        buf = torch.tensor(list(values), dtype=torch.float64, device=self.device)
+        self._call("a maximum", lambda: dist.all_reduce(buf, op=dist.ReduceOp.MAX))
+        return buf.tolist()
+
     def any(self, flag: bool) -> bool:
         """True when `flag` is True on at least one rank."""
         return bool(flag) if not self.active else self.sum_floats([float(bool(flag))])[0] > 0

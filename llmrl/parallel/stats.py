@@ -9,6 +9,7 @@ Each rank holds N/W rows; the logged means are Σ over ranks of the sums divided
     tokens       = Σ m                               response_len = tokens / N
     adv_mean     = Σ m·A / Σ m                       adv_std     = sqrt((Σ m·A² − Σm·mean²) / (Σ m − 1))
     zero_advantage: no kept token has A ≠ 0 on any rank
+    is_* and sampler_kl (a behaviour policy μ ≠ π_old): sums over kept tokens / Σ m, maxima over ranks
     estimator stats (e.g. frac_zero_std_groups): the mean of the ranks' values (every rank holds the
     same number of rows and groups, so this is the global mean)
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence, TypeVar
 
+import torch
 from torch import Tensor
 
 from ..ops import masked_sum
@@ -33,6 +35,30 @@ def sequence_kl(dist: DistContext, per_token: Tensor | None, mask: Tensor) -> fl
         return masked_sum(per_token, mask, dim=-1).mean().item()
     total, rows = dist.sum_floats([float(masked_sum(per_token.double(), mask)), float(mask.shape[0])])
     return total / rows
+
+
+def sampler_mismatch(dist: DistContext, old_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor,
+                     weights: Tensor, truncated: Tensor) -> dict[str, float]:
+    """How far the sampler μ is from the trainer's π_old over the kept tokens of the (global) batch,
+    with d_t = log π_old_t − log μ_t, ρ_t = exp(d_t) and the correction's weights w_t (all (N, T)):
+
+        is_logprob_diff_mean  Σ m·|d| / Σ m            is_logprob_diff_max  max over kept tokens of |d|
+        is_weight_mean        Σ m·w / Σ m              is_weight_max        max over kept tokens of w
+        is_truncated_frac     Σ m·truncated / Σ m      (share of tokens whose weight was cut or zeroed)
+        sampler_kl            Σ m·((ρ − 1) − d) / Σ m  (k3 estimate of KL(μ‖π_old) per token, samples from μ, ≥ 0)
+
+    Every mean is 0 (and every max 0) when no token is kept."""
+    zero = torch.zeros((), dtype=torch.float64, device=mask.device)
+    d = torch.where(mask, old_logprobs.double() - behaviour_logprobs.double(), zero)
+    w = torch.where(mask, weights.double(), zero)
+    sums = dist.sum_floats([float(mask.sum()), float(d.abs().sum()), float(w.sum()),
+                            float((truncated & mask).sum()), float((torch.expm1(d) - d).sum())])
+    tokens, diff, weight, cut, k3 = sums
+    diff_max, weight_max = dist.max_floats([float(d.abs().max()) if d.numel() else 0.0,
+                                            float(w.max()) if w.numel() else 0.0])
+    per = 1.0 / tokens if tokens else 0.0
+    return {"is_logprob_diff_mean": diff * per, "is_logprob_diff_max": diff_max, "is_weight_mean": weight * per,
+            "is_weight_max": weight_max, "is_truncated_frac": cut * per, "sampler_kl": k3 * per}
 
 
 def batch_means(dist: DistContext, scores: Tensor, parts: dict[str, Tensor], mask: Tensor, advantages: Tensor,

@@ -22,7 +22,8 @@ from typing import Any, Iterator
 import torch
 
 from ..models.tokenizer import stop_token_ids
-from ..parallel.stats import batch_means, sequence_kl
+from ..corrections import get_correction
+from ..parallel.stats import batch_means, sampler_mismatch, sequence_kl
 from ..step.estimate import estimate, shape_rewards, token_kl
 from ..step.forward import forward
 from ..step.generate import generate
@@ -102,11 +103,13 @@ def run_step(s: Session, step: int) -> StepReport:
     kl = sequence_kl(s.dist, token_kl(old, forwards.ref_logprobs, mask, "k1"), mask)
     if kl is not None:
         s.kl.update(kl, samples.n * s.dist.world_size)
+    mismatch = {} if rows_trained.behaviour_logprobs is None else _sampler_mismatch(s, rows_trained, old)
     row = {
         "step": step + 1,
         "kl": kl,
         "beta": beta,
         **result.stats,
+        **mismatch,
         **overlong,
         **batch_means(s.dist, scores.scores, scores.parts, mask, targets.advantages, targets.stats),
         "prompts_seen": (step + 1) * cfg.rollout.prompts_per_step,
@@ -119,6 +122,15 @@ def run_step(s: Session, step: int) -> StepReport:
                           cfg.log.completions_rows, scores.parts or None)
               if s.dist.is_main and due(step + 1, cfg.log.completions_every) else [])
     return StepReport(row, logged)
+
+
+def _sampler_mismatch(s: Session, rows: TrainRows, old: torch.Tensor) -> dict[str, float]:
+    """The is_* diagnostics and sampler_kl of a step whose sampler μ is not π_old, with the weights
+    of `update.is_correction` the update used (over the trained tokens)."""
+    u = s.config.update
+    assert rows.behaviour_logprobs is not None
+    c = get_correction(u.is_correction)(old, rows.behaviour_logprobs, rows.response_mask, u.is_clip, tuple(u.is_band))
+    return sampler_mismatch(s.dist, old, rows.behaviour_logprobs, rows.response_mask, c.weights, c.truncated)
 
 
 def train_step(s: Session, step: int) -> dict[str, Any]:

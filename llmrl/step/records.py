@@ -135,7 +135,10 @@ class UpdateResult:
 @dataclass(frozen=True)
 class TrainRows:
     """The per-row tensors the update's losses read, joined from Samples and Forwards; `select`
-    cuts a minibatch or micro-batch of them. Fields as in Samples and Forwards."""
+    cuts a minibatch or micro-batch of them. Fields as in Samples and Forwards, except
+    `behaviour_logprobs`: log μ only where it is not π_old itself (an engine whose decoding is not the
+    trainer's, e.g. vLLM), so the update corrects for μ ≠ π_old (llmrl/corrections.py); None when the
+    engine gave none or when its log-probs are the very log π_old tensor (StepPlan.from_generation)."""
 
     prompt_ids: Tensor
     prompt_mask: Tensor
@@ -145,11 +148,14 @@ class TrainRows:
     ref_logprobs: Tensor | None = None
     values: Tensor | None = None
     base_hidden: Tensor | None = None
+    behaviour_logprobs: Tensor | None = None
 
     @classmethod
     def of(cls, samples: Samples, forwards: Forwards) -> "TrainRows":
+        mu = samples.behaviour_logprobs
         return cls(samples.prompt_ids, samples.prompt_mask, samples.response_ids, samples.response_mask,
-                   forwards.old_logprobs, forwards.ref_logprobs, forwards.values, forwards.base_hidden)
+                   forwards.old_logprobs, forwards.ref_logprobs, forwards.values, forwards.base_hidden,
+                   mu if mu is not None and forwards.old_logprobs is not mu else None)
 
     @property
     def n(self) -> int:

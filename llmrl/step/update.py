@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from ..config.schema import KLConfig, UpdateConfig
+from ..corrections import get_correction
 from ..losses import aggregate, entropy_from_logprobs, get_policy_loss, kl_penalty, value_loss
 from ..models.stack import PolicyStack, at_least_float32
 from ..parallel.distributed import SINGLE, DistContext
@@ -71,12 +72,29 @@ def _token_share(mask: Tensor, totals: dict[str, float]) -> float:
 def _actor_loss(stack: PolicyStack, mb: TrainRows, adv: Tensor, cfg: UpdateConfig, kl: KLConfig,
                 beta: float, temperature: float, totals: dict[str, float],
                 on_policy: bool = False) -> tuple[Tensor, dict[str, float], Tensor]:
-    """The micro-batch's actor loss, its stats, and the log π_old it used (N_mb, T)."""
+    """The micro-batch's actor loss, its stats, and the log π_old it used (N_mb, T).
+
+    With a behaviour policy μ ≠ π_old (`mb.behaviour_logprobs`) and `update.is_correction` not off,
+    each token's advantage becomes w_t·A_t, w the correction's weights from (log π_old, log μ)
+    (llmrl/corrections.py; detached, ≥ 0). That is exactly w_t times the token's policy-gradient term,
+    because every built-in loss is positively homogeneous of degree 1 in A_t per token:
+      ppo   max(−wAρ, −wA clip(ρ)) = w·max(−Aρ, −A clip(ρ)) for w ≥ 0; dual clip
+            min(w·ℓ, −c·wA) = w·min(ℓ, −cA), and wA < 0 ⇔ A < 0 wherever w > 0 (w = 0 gives 0 either way);
+      gspo  the same clipped max with the sequence ratio s_it, which does not depend on A;
+      cispo −sg(clip(ρ))·(wA)·log π_θ = w·(−sg(clip(ρ))·A·log π_θ), linear in A.
+    (A loss registered with @register_policy_loss gets w·A too, which scales its terms only if it has
+    the same property.) The aggregation is linear in the per-token losses, so the loss is Σ_t w_t ℓ_t / (the same totals).
+    Only `clip_frac` can move: a token with w = 0 counts as unclipped. The entropy bonus and β·KL in
+    the loss are not reweighted: they regularise the current policy, not an estimate over μ's samples.
+    """
     logp = torch.log_softmax(stack.response_logits(sequences(mb), temperature), dim=-1)  # (N, T, V), once for both uses
     lp = logp.gather(-1, mb.response_ids.unsqueeze(-1)).squeeze(-1)
     mask = mb.response_mask
     # exactly on-policy: π_old = the current policy, detached
     old = torch.where(mask, lp.detach(), torch.zeros_like(lp)) if on_policy else mb.old_logprobs
+    if mb.behaviour_logprobs is not None and cfg.is_correction != "off":
+        w = get_correction(cfg.is_correction)(old, mb.behaviour_logprobs, mask, cfg.is_clip, tuple(cfg.is_band))
+        adv = adv * w.weights.to(adv.dtype)
     pl = get_policy_loss(cfg.policy_loss).fn(lp, old, adv, mask, cfg.clip_eps, cfg.clip_eps_high, cfg.dual_clip,
                                              cfg.loss_agg, **totals)
     loss = pl.loss
