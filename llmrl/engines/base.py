@@ -87,22 +87,33 @@ class GenerationEngine(Protocol):
 
 EngineFactory = Callable[..., GenerationEngine]
 ENGINES: dict[str, EngineFactory] = {}
+PREFLIGHTS: dict[str, Callable[[Any], None]] = {}
 
 
-def register_engine(name: str) -> Callable[[EngineFactory], EngineFactory]:
-    """Decorator: register `factory(stack=, tokenizer=, config=, dist=) -> GenerationEngine`."""
+def register_engine(name: str, preflight: Callable[[Any], None] | None = None) -> Callable[[EngineFactory], EngineFactory]:
+    """Decorator: register `factory(stack=, tokenizer=, config=, dist=) -> GenerationEngine`;
+    `preflight(config)` raises a ConfigError for a run the engine cannot serve, before anything is loaded."""
 
     def wrap(factory: EngineFactory) -> EngineFactory:
         if name in ENGINES:
             raise ValueError(f"engine '{name}' is already registered")
         ENGINES[name] = factory
+        if preflight is not None:
+            PREFLIGHTS[name] = preflight
         return factory
 
     return wrap
 
 
-def build_engine(name: str, **context: Any) -> GenerationEngine:
-    """The engine registered under `name`, built for this run; unknown names list the valid ones."""
+def check_engine(name: str, config: Any) -> None:
+    """Refuse an unknown engine, or a run the engine's preflight refuses (e.g. vLLM not installed)."""
     if name not in ENGINES:
         raise ConfigError(f"Unknown generation engine '{name}'; valid engines: {', '.join(sorted(ENGINES))}.")
+    if name in PREFLIGHTS:
+        PREFLIGHTS[name](config)
+
+
+def build_engine(name: str, **context: Any) -> GenerationEngine:
+    """The engine registered under `name`, built for this run; unknown names list the valid ones."""
+    check_engine(name, context.get("config"))
     return ENGINES[name](**context)

@@ -18,6 +18,7 @@ behaviour policy, which the update corrects towards the trainer's π_old (llmrl/
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tempfile
 import time
@@ -28,7 +29,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
-from ..models.load import DTYPES, model_source
+from ..models.load import DTYPES, model_source, resolve_device
 from ..models.stack import PolicyStack
 from ..models.tokenizer import stop_token_ids
 from ..parallel.distributed import SINGLE, DistContext
@@ -194,6 +195,13 @@ def _llm_settings(config: Any, source: str, device: torch.device, dtype: torch.d
     return settings
 
 
+def preflight(config: Any) -> None:
+    """Before the run loads anything: vLLM is installed, and the settings are ones it can honour."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(MISSING)
+    check_settings(config, resolve_device(config.model.device))
+
+
 def check_settings(config: Any, device: torch.device) -> None:
     """Refuse engine settings this run cannot honour, each with one sentence."""
     e = config.engine
@@ -217,7 +225,7 @@ def _check_cpu_head_size(text_config: Any) -> None:
                           f"is {head}: use rollout.engine=hf for it.")
 
 
-@register_engine("vllm")
+@register_engine("vllm", preflight)
 def vllm_engine(*, stack: PolicyStack, tokenizer: Any, config: Any, dist: DistContext = SINGLE) -> VLLMEngine:
     """A colocated vLLM engine on the run's device, loaded from the base's folder (or hub id)."""
     device = stack.lm.device

@@ -15,7 +15,7 @@ from transformers import PreTrainedTokenizerBase
 from ..algos import preset_for
 from ..config import Config
 from ..config.load import on_policy_update, on_policy_values
-from ..engines import GenerationEngine, build_engine
+from ..engines import GenerationEngine, build_engine, check_engine
 from ..errors import ConfigError
 from ..estimators import EstimatorSpec, get_estimator, import_user_module
 from ..kl_control import KLController
@@ -91,6 +91,7 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
           dist: DistContext = SINGLE) -> Session:
     """Load the task and model, build the stack, engine and optimizers, create (or reopen) the run folder."""
     spec = resolve_estimator(config)
+    check_engine(config.rollout.engine, config)
     resolve_policy_loss(config.update.policy_loss, config.update.policy_loss_module, config.update.dual_clip)
     if config.rollout.prompts_per_step % dist.world_size:
         raise ConfigError(f"'rollout.prompts_per_step' ({config.rollout.prompts_per_step}) must be divisible by "
