@@ -49,18 +49,24 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 ISSUE_PPO = {"s_per_step": 10.63, "peak_rss_mib": 5.3 * 1024}
 CONTENDERS = ["llmrl-grpo-defaults", "llmrl-grpo", "llmrl-grpo-fast", "trl-grpo", "llmrl-rloo-fast", "trl-rloo",
               "llmrl-ppo", "trl-ppo", "bound"]
-OPTIONAL = ["llmrl-ppo-top4"]  # run only when named in --only
+OPTIONAL = ["llmrl-ppo-top4", "llmrl-vllm", "llmrl-vllm-bf16", "trl-grpo-vllm", "vllm-generate"]  # only when named in --only
+VLLM = ["llmrl-vllm", "llmrl-vllm-bf16", "trl-grpo-vllm", "vllm-generate"]  # need vLLM (the .venv-vllm interpreter)
 # llmrl contender → (algorithm, update.on_policy_logprobs); None leaves the key at the engine's default
 LLMRL = {"llmrl-grpo-defaults": ("grpo", None), "llmrl-grpo": ("grpo", False), "llmrl-grpo-fast": ("grpo", True),
-         "llmrl-rloo-fast": ("rloo", True), "llmrl-ppo": ("ppo", False), "llmrl-ppo-top4": ("ppo", False)}
+         "llmrl-rloo-fast": ("rloo", True), "llmrl-ppo": ("ppo", False), "llmrl-ppo-top4": ("ppo", False),
+         "llmrl-vllm": ("grpo", True), "llmrl-vllm-bf16": ("grpo", True)}
 # llmrl contender → config keys it sets on top of the issue-8 configuration
-EXTRA = {"llmrl-ppo-top4": {"lora.critic_layers": 4}}  # the opt-in critic on the top 4 layers
+EXTRA = {"llmrl-ppo-top4": {"lora.critic_layers": 4},  # the opt-in critic on the top 4 layers
+         "llmrl-vllm": {"rollout.engine": "vllm"},  # the engine in the model's dtype, merged-weight sync
+         "llmrl-vllm-bf16": {"rollout.engine": "vllm", "engine.dtype": "bfloat16"}}  # bf16 sampler, --dtype trainer
 LABELS = {"llmrl-grpo-defaults": "llmrl grpo (defaults)", "llmrl-grpo": "llmrl grpo, on_policy_logprobs=false",
           "llmrl-grpo-fast": "llmrl grpo, on_policy_logprobs=true", "trl-grpo": "TRL GRPOTrainer",
           "llmrl-rloo-fast": "llmrl rloo-style, on_policy_logprobs", "trl-rloo": "TRL RLOOTrainer",
           "llmrl-ppo": "llmrl ppo (actor+critic+ref)", "llmrl-ppo-top4": "llmrl ppo, lora.critic_layers=4",
           "trl-ppo": "TRL 1.12 PPOTrainer (bench/trl_ppo.py)",
-          "bound": "floor pieces"}
+          "bound": "floor pieces", "llmrl-vllm": "llmrl grpo, --engine vllm (merged sync)",
+          "llmrl-vllm-bf16": "llmrl grpo, vllm engine in bfloat16", "trl-grpo-vllm": "TRL GRPOTrainer, use_vllm colocate",
+          "vllm-generate": "plain vLLM LLM.generate"}
 DTYPES = ("float32", "bfloat16")
 DEVICES = ("cpu", "cuda")
 
@@ -183,7 +189,8 @@ def llmrl_run(model: str, name: str, steps: int, dtype: str = "float32", seed: i
         lengths.append(row["response_len"])
         rows.append({k: v for k, v in row.items() if isinstance(v, (int, float, bool, str)) or v is None})
     return {"step_s": times, "tokens": tokens, "reward": rewards, "completion_len": lengths, "prompts": prompts,
-            "metrics": rows, "llmrl_config": asdict(config), **seen}
+            "metrics": rows, "llmrl_config": asdict(config), "generate_s": [r["time_generate_s"] for r in rows],
+            "sync_s": [r["time_sync_s"] for r in rows], **seen}
 
 
 def trl_args(kind: str, *, steps: int, dtype: str = "float32", seed: int = SEED, lr: float = LR,
@@ -216,7 +223,7 @@ def trl_args(kind: str, *, steps: int, dtype: str = "float32", seed: int = SEED,
 
 
 def trl_run(model: str, kind: str, steps: int, dtype: str = "float32", seed: int = SEED, lr: float = LR,
-            gradient_checkpointing: bool = False) -> dict[str, Any]:
+            gradient_checkpointing: bool = False, use_vllm: bool = False) -> dict[str, Any]:
     """`steps` TRL GRPOTrainer / RLOOTrainer steps with the same model, LoRA, batch, prompts and reward."""
     from datasets import Dataset
     from peft import LoraConfig
@@ -262,6 +269,8 @@ def trl_run(model: str, kind: str, steps: int, dtype: str = "float32", seed: int
 
     Config, Trainer = (trl.GRPOConfig, trl.GRPOTrainer) if kind == "grpo" else (trl.RLOOConfig, trl.RLOOTrainer)
     kwargs = trl_args(kind, steps=steps, dtype=dtype, seed=seed, lr=lr, gradient_checkpointing=gradient_checkpointing)
+    if use_vllm:  # TRL's in-process vLLM (its weights pushed with model.load_weights after each step)
+        kwargs.update(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3, vllm_max_model_length=1024)
     config = Config(**kwargs)
     trainer = Trainer(
         model=model, reward_funcs=reward, args=config, train_dataset=data,
@@ -365,8 +374,11 @@ def child(name: str, model: str, steps: int, dtype: str = "float32", seed: int =
         except ImportError:
             from trl_ppo import trl_ppo_run  # run as a script: bench/ is sys.path[0]
         result = trl_ppo_run(model, steps, THREADS, dtype, device=DEVICE)
+    elif name == "vllm-generate":
+        result = vllm_generate_run(model, max(steps - 1, 1), dtype)
     elif name.startswith("trl-"):
-        result = trl_run(model, name.split("-")[1], steps, dtype, seed, lr, gradient_checkpointing=trl_gc)
+        result = trl_run(model, name.split("-")[1], steps, dtype, seed, lr, gradient_checkpointing=trl_gc,
+                         use_vllm=name.endswith("-vllm"))
     elif name in LLMRL:
         result = llmrl_run(model, name, steps, dtype, seed, lr)
     else:
@@ -404,6 +416,44 @@ def run_child(name: str, model: str, steps: int, timeout: float, *, dtype: str =
     return result
 
 
+def vllm_generate_run(model: str, reps: int, dtype: str = "float32") -> dict[str, Any]:
+    """Plain vLLM `LLM.generate` of one GRPO batch (the same 2 chat prompts × 4 samples × 32 tokens,
+    temperature 1, one seeded request per row, log-probs of the drawn tokens): what the llmrl engine
+    wraps, timed the same way (median over `reps` after a warm-up)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from llmrl import load_config
+    from llmrl.models.load import model_source
+    from llmrl.models.prompts import apply_chat_setting, tokenize_prompts
+    from llmrl.tasks import get_task
+    from transformers import AutoTokenizer
+
+    config = load_config(overrides=llmrl_overrides(model, "grpo", True, dtype=dtype))
+    source, _ = model_source(config.model, show_progress=False)
+    tok = AutoTokenizer.from_pretrained(source)
+    apply_chat_setting(tok, "auto", source)
+    rows = get_task("chat_sum").train[:PROMPTS]
+    ids = tokenize_prompts(tok, [r["prompt"] for r in rows]).input_ids
+    llm = LLM(model=source, dtype=dtype, seed=0, enforce_eager=DEVICE == "cpu", enable_prefix_caching=True,
+              logprobs_mode="processed_logprobs", **({"kv_cache_memory_bytes": 2**30} if DEVICE == "cpu" else
+                                                     {"gpu_memory_utilization": 0.3}))
+    times, counts = [], []
+    for rep in range(reps + 1):  # the first round is a warm-up
+        prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in ids for _ in range(GENERATIONS)]
+        params = [SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0, seed=1000 * rep + i, logprobs=0,
+                                 detokenize=False) for i in range(len(prompts))]
+        sync()
+        t0 = time.perf_counter()
+        out = llm.generate(prompts, params, use_tqdm=False)
+        sync()
+        times.append(time.perf_counter() - t0)
+        counts.append(sum(len(o.outputs[0].token_ids) for o in out))
+    return {"pieces_s": {"vllm_generate": times[1:]}, "gen_tokens": {"vllm_generate": counts[1:]}}
+
+
 def median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
@@ -421,7 +471,7 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     for name, results in runs.items():
         if not results:
             continue
-        if name == "bound":
+        if name in ("bound", "vllm-generate"):
             pieces = {k: median([x for r in results for x in r["pieces_s"][k]]) for k in results[0]["pieces_s"]}
             toks = {k: median([x for r in results for x in r["gen_tokens"][k]]) for k in results[0]["gen_tokens"]}
             table[name] = {"pieces_s": pieces, "gen_tokens": toks,
@@ -435,10 +485,20 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "tokens_per_step": statistics.mean(toks) if toks else None,
             "tokens_per_s": sum(toks) / sum(steps) if steps else None,
             **memory_of(results),
+            **generation_rate(results),
             "reward_mean": statistics.mean([x for r in results for x in r["reward"]]),
             "dtype": results[0].get("dtype", "float32"), "label": LABELS.get(name, name),
         }
     return table
+
+
+def generation_rate(results: list[dict[str, Any]]) -> dict[str, float]:
+    """llmrl runs: tokens/s of the generate phase alone and the median sync seconds (after the warm-up)."""
+    if "generate_s" not in results[0]:
+        return {}
+    gen = [x for r in results for x in r["generate_s"][1:]]
+    toks = [x for r in results for x in r["tokens"][1:]]
+    return {"generate_tokens_per_s": sum(toks) / sum(gen), "sync_s": median([x for r in results for x in r["sync_s"][1:]])}
 
 
 def pair_ratios(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
@@ -460,6 +520,16 @@ def ratios(table: dict[str, Any]) -> dict[str, Any]:
             out[f"{ours}/trl-ppo"] = pair_ratios(table[ours], table["trl-ppo"])
     if "llmrl-ppo" in table and "peak_gpu_mib" not in table["llmrl-ppo"]:  # the issue's figures are CPU ones
         out["llmrl-ppo/issue-trl-ppo"] = {k: table["llmrl-ppo"][k] / v for k, v in ISSUE_PPO.items()}
+    trl_best = min((table[n] for n in ("trl-grpo", "trl-grpo-vllm") if n in table), key=lambda r: r["s_per_step"],
+                   default=None)
+    for ours in ("llmrl-vllm", "llmrl-vllm-bf16", "llmrl-grpo-fast"):
+        if ours in table and trl_best is not None:
+            out[f"{ours}/fastest TRL ({trl_best['label']})"] = pair_ratios(table[ours], trl_best)
+    if "vllm-generate" in table:
+        plain = table["vllm-generate"]["gen_tokens_per_s"]["vllm_generate"]
+        for ours in ("llmrl-vllm", "llmrl-vllm-bf16"):
+            if ours in table:
+                out[f"{ours} generate/plain vLLM generate"] = {"tokens_per_s": table[ours]["generate_tokens_per_s"] / plain}
     if "bound" in table:
         p = table["bound"]["pieces_s"]
         floor = p["hf_generate_lora"] + p["nograd_forward_ref"] + p["lora_fwd_bwd"]
@@ -477,7 +547,7 @@ def print_table(table: dict[str, Any], rat: dict[str, Any], dtype: str) -> None:
     print(f"{'contender':<21}{'dtype':>9}{'s/step':>9}{'tok/step':>10}{'tok/s':>8}{'RSS MiB':>9}{'GPU MiB':>9}"
           f"{'reward':>8}  label")
     for name, r in table.items():
-        if name == "bound":
+        if name in ("bound", "vllm-generate"):
             continue
         gpu = f"{r['peak_gpu_mib']:>9.0f}" if "peak_gpu_mib" in r else f"{'-':>9}"
         print(f"{name:<21}{r['dtype']:>9}{r['s_per_step']:>9.2f}{r['tokens_per_step']:>10.1f}{r['tokens_per_s']:>8.1f}"
@@ -486,6 +556,11 @@ def print_table(table: dict[str, Any], rat: dict[str, Any], dtype: str) -> None:
         b = table["bound"]
         print("\nfloor pieces (median s):", {k: round(v, 3) for k, v in b["pieces_s"].items()})
         print("generate tokens/s:", {k: round(v, 1) for k, v in b["gen_tokens_per_s"].items()})
+    if "vllm-generate" in table:
+        print("plain vLLM generate tokens/s:", round(table["vllm-generate"]["gen_tokens_per_s"]["vllm_generate"], 1))
+    for name, r in table.items():
+        if "generate_tokens_per_s" in r:
+            print(f"{name}: generate phase {r['generate_tokens_per_s']:.1f} tokens/s, sync {r['sync_s']:.3f} s")
     print("\nratios:")
     for k, v in rat.items():
         print(f"  {k}: " + ", ".join(f"{kk}={vv:.3f}" for kk, vv in v.items()))

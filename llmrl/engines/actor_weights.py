@@ -89,6 +89,20 @@ def actor_tensors(stack: PolicyStack, names: list[str], dtype: torch.dtype) -> d
     return out
 
 
+@torch.no_grad()
+def actor_is_base(stack: PolicyStack) -> bool:
+    """True when the actor computes exactly what the frozen base does: every LoRA B is 0 (peft's
+    initialisation, so s·B·A = 0) and every modules_to_save copy equals its original."""
+    for _, module in _adapted_modules(stack):
+        if isinstance(module, ModulesToSaveWrapper):
+            copy, original = module.modules_to_save[ADAPTER], module.original_module
+            if not all(torch.equal(a, b) for a, b in zip(copy.parameters(), original.parameters())):
+                return False
+        elif module.lora_B[ADAPTER].weight.count_nonzero():
+            return False
+    return True
+
+
 class ActorSnapshot:
     """A copy of the actor's trainable tensors (adapter and modules_to_save copies: small next to
     the base), to tell exactly whether any changed since it was taken, however it was written."""

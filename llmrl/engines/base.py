@@ -84,6 +84,10 @@ class GenerationEngine(Protocol):
         """The actor's trainable weights may have changed: sample from the new ones from now on."""
         ...
 
+    def stats(self) -> dict[str, float]:
+        """Scalars for the step's metrics row (e.g. what the last sync pushed); {} for none."""
+        ...
+
 
 EngineFactory = Callable[..., GenerationEngine]
 ENGINES: dict[str, EngineFactory] = {}

@@ -141,6 +141,9 @@ class HFEngine:
     def sync(self, stack: Any) -> None:
         """Nothing to push: every call samples from the stack's current adapters."""
 
+    def stats(self) -> dict[str, float]:
+        return {}
+
 
 @register_engine("hf")
 def hf_engine(*, stack: PolicyStack, tokenizer: Any, config: Any = None, dist: DistContext = SINGLE) -> HFEngine:

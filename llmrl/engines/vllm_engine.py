@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -32,8 +32,8 @@ from ..errors import ConfigError
 from ..models.load import DTYPES, model_source, resolve_device
 from ..models.stack import PolicyStack
 from ..models.tokenizer import stop_token_ids
-from ..parallel.distributed import SINGLE, DistContext
-from .actor_weights import ADAPTER, ActorSnapshot, actor_tensors, changed_names
+from ..parallel.distributed import SINGLE, DistContext, world_from_env
+from .actor_weights import ADAPTER, ActorSnapshot, actor_is_base, actor_tensors, changed_names
 from .base import Generation, GenerationRequest, register_engine
 
 MISSING = ("rollout.engine 'vllm' needs vLLM, which is not installed: pip install 'llmrl[vllm]' on a GPU "
@@ -75,14 +75,16 @@ class VLLMEngine:
                  dtype: torch.dtype, sleep: bool = False) -> None:
         self.llm, self.stop_ids, self.pad_id, self.sync_mode, self.dtype = llm, list(stop_ids), pad_id, sync_mode, dtype
         self._names = changed_names(stack)
-        self._synced = ActorSnapshot(stack)  # the engine holds the base = the untrained actor
+        self._synced = ActorSnapshot(stack)  # the engine was loaded with the base's weights
         self._changed = False  # the engine's weights are no longer the base's
         self._lora: Any = None
-        self._lora_dir = Path(tempfile.mkdtemp(prefix="llmrl-vllm-lora-")) if sync_mode == "adapter" else None
+        # adapter sync: each version is saved here (removed with the engine; the previous one once replaced)
+        self._tmp = tempfile.TemporaryDirectory(prefix="llmrl-vllm-lora-") if sync_mode == "adapter" else None
         self._sleep, self._asleep = sleep, False
         self.syncs = self.skipped = 0
         self.sync_bytes = 0  # bytes pushed by the last sync
-        self.sync_seconds = 0.0
+        if not actor_is_base(stack):  # a trained actor (llmrl eval of a run): the loaded base is not it
+            self._push(stack)
 
     # ---- sampling -----------------------------------------------------------------------------
     def generate(self, request: GenerationRequest) -> Generation:
@@ -133,8 +135,12 @@ class VLLMEngine:
         """Bring the actor's current weights to the engine, unless none changed since the last sync."""
         if self._synced.matches(stack):
             self.skipped += 1
+            self.sync_bytes = 0
             return
-        start = time.perf_counter()
+        self._push(stack)
+
+    def _push(self, stack: PolicyStack) -> None:
+        """Send the actor's tensors (or adapter) to the engine, whatever it held."""
         self._wake()
         if self.sync_mode == "merged":
             tensors = actor_tensors(stack, self._names, self.dtype)
@@ -145,13 +151,13 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
         self._synced, self._changed = ActorSnapshot(stack), True
         self.syncs += 1
-        self.sync_seconds = time.perf_counter() - start
 
     def _push_adapter(self, stack: PolicyStack) -> None:
         from vllm.lora.request import LoRARequest
 
-        assert self._lora_dir is not None
-        folder = self._lora_dir / f"v{self.syncs + 1}"
+        assert self._tmp is not None
+        folder = Path(self._tmp.name) / f"v{self.syncs + 1}"
+        shutil.rmtree(Path(self._tmp.name) / f"v{self.syncs}", ignore_errors=True)  # vLLM has it in memory
         stack.peft.save_pretrained(str(folder), selected_adapters=[ADAPTER])
         path = folder / ADAPTER if (folder / ADAPTER).is_dir() else folder  # peft nests non-default adapters
         self._lora = LoRARequest(f"actor-{self.syncs + 1}", self.syncs + 1, str(path))
@@ -170,7 +176,7 @@ class VLLMEngine:
             self._asleep = True
 
     def stats(self) -> dict[str, float]:
-        """Logged with every step: the last sync's seconds and bytes, and the syncs skipped so far."""
+        """Logged with every step: MiB the step's sync pushed (0: skipped), and the syncs skipped so far."""
         return {"engine_sync_mb": self.sync_bytes / 2**20, "engine_syncs_skipped": float(self.skipped)}
 
 
@@ -199,6 +205,9 @@ def preflight(config: Any) -> None:
     """Before the run loads anything: vLLM is installed, and the settings are ones it can honour."""
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError(MISSING)
+    if world_from_env()[1] > 1:
+        raise ConfigError("The vllm engine runs in one process for now; use it without torchrun/--nproc "
+                          "(data-parallel runs use rollout.engine=hf).")
     check_settings(config, resolve_device(config.model.device))
 
 

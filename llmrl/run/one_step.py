@@ -111,6 +111,7 @@ def run_step(s: Session, step: int) -> StepReport:
         **result.stats,
         **mismatch,
         **overlong,
+        **s.engine.stats(),
         **batch_means(s.dist, scores.scores, scores.parts, mask, targets.advantages, targets.stats),
         "prompts_seen": (step + 1) * cfg.rollout.prompts_per_step,
         "prompt_digest": f"{stream_digest(step * cfg.rollout.prompts_per_step, index):016x}",

@@ -45,6 +45,7 @@ def restore(s: Session) -> tuple[int, EvalResult | None, float] | None:
         s.folder.truncate_metrics(0)
         return None  # stopped before its first step: nothing was trained, so it starts from the beginning
     saved = load_checkpoint(found[-1], s.stack)
+    s.engine.sync(s.stack)  # an engine with its own weights was loaded from the base: give it the restored actor
     for role, opt in s.opts.items():
         opt.load_state_dict(saved["optimizers"][role])
     s.kl.load_state_dict(saved["kl"])
