@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
-from ..models.load import DTYPES, model_source, resolve_device
+from ..models.load import BUILTIN_MODELS, DTYPES, model_source, resolve_device
 from ..models.stack import PolicyStack
 from ..models.tokenizer import stop_token_ids
 from ..parallel.distributed import SINGLE, DistContext, world_from_env
@@ -208,7 +208,15 @@ def preflight(config: Any) -> None:
     if world_from_env()[1] > 1:
         raise ConfigError("The vllm engine runs in one process for now; use it without torchrun/--nproc "
                           "(data-parallel runs use rollout.engine=hf).")
-    check_settings(config, resolve_device(config.model.device))
+    device = resolve_device(config.model.device)
+    check_settings(config, device)
+    _import_vllm()
+    built_in = config.model.name in BUILTIN_MODELS  # made with a supported head size (models/tiny.py)
+    if device.type == "cpu" and not built_in and (folder := Path(model_source(config.model, False)[0])).is_dir():
+        from transformers import AutoConfig
+
+        _check_cpu_head_size(AutoConfig.from_pretrained(folder, trust_remote_code=config.model.trust_remote_code)
+                             .get_text_config())
 
 
 def check_settings(config: Any, device: torch.device) -> None:
