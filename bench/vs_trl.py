@@ -27,6 +27,13 @@ trl-grpo, trl-rloo, llmrl-ppo (actor + critic + reference on one base), llmrl-pp
 opt-in lora.critic_layers=4; only when named in --only), trl-ppo, bound (plain HF generate,
 llmrl's own generate, one no-grad forward, one LoRA forward + backward). TRL is optional
 (`pip install -e '.[bench]'`); without it the TRL rows are skipped.
+
+vLLM contenders (issue 15; run when named in --only, with an interpreter that has vLLM and TRL, e.g.
+`.venv-vllm/bin/pip install trl` then `.venv-vllm/bin/python bench/vs_trl.py --only ...`):
+llmrl-vllm (llmrl-grpo-fast with `--engine vllm`, the engine in --dtype, merged-weight sync),
+llmrl-vllm-bf16 (the same with engine.dtype=bfloat16 under a --dtype trainer), trl-grpo-vllm (TRL's
+GRPOTrainer with use_vllm=True, vllm_mode="colocate"), vllm-generate (plain vLLM `LLM.generate` of
+the same batch: what the llmrl engine's generate phase is compared with, tokens/s).
 """
 
 from __future__ import annotations
@@ -417,41 +424,54 @@ def run_child(name: str, model: str, steps: int, timeout: float, *, dtype: str =
 
 
 def vllm_generate_run(model: str, reps: int, dtype: str = "float32") -> dict[str, Any]:
-    """Plain vLLM `LLM.generate` of one GRPO batch (the same 2 chat prompts × 4 samples × 32 tokens,
-    temperature 1, one seeded request per row, log-probs of the drawn tokens): what the llmrl engine
-    wraps, timed the same way (median over `reps` after a warm-up)."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    """Plain vLLM `LLM.generate` of one GRPO batch (2 chat prompts × 4 samples × 32 tokens, temperature
+    1, one seeded request per row, log-probs of the drawn tokens) against llmrl's `vllm` engine
+    generating the same request from the same `LLM` (the wrapper's cost: request building, padding,
+    log-prob gathering), alternated, medians over `reps` after a warm-up round."""
+    import torch
 
     from llmrl import load_config
-    from llmrl.models.load import model_source
+    from llmrl.engines import GenerationRequest, SamplingSettings, build_engine
+    from llmrl.engines.base import row_keys
+    from llmrl.models.load import load_base
     from llmrl.models.prompts import apply_chat_setting, tokenize_prompts
+    from llmrl.models.stack import PolicyStack
     from llmrl.tasks import get_task
-    from transformers import AutoTokenizer
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
 
-    config = load_config(overrides=llmrl_overrides(model, "grpo", True, dtype=dtype))
-    source, _ = model_source(config.model, show_progress=False)
-    tok = AutoTokenizer.from_pretrained(source)
-    apply_chat_setting(tok, "auto", source)
-    rows = get_task("chat_sum").train[:PROMPTS]
-    ids = tokenize_prompts(tok, [r["prompt"] for r in rows]).input_ids
-    llm = LLM(model=source, dtype=dtype, seed=0, enforce_eager=DEVICE == "cpu", enable_prefix_caching=True,
-              logprobs_mode="processed_logprobs", **({"kv_cache_memory_bytes": 2**30} if DEVICE == "cpu" else
-                                                     {"gpu_memory_utilization": 0.3}))
-    times, counts = [], []
-    for rep in range(reps + 1):  # the first round is a warm-up
-        prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in ids for _ in range(GENERATIONS)]
-        params = [SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0, seed=1000 * rep + i, logprobs=0,
-                                 detokenize=False) for i in range(len(prompts))]
-        sync()
-        t0 = time.perf_counter()
-        out = llm.generate(prompts, params, use_tqdm=False)
-        sync()
-        times.append(time.perf_counter() - t0)
-        counts.append(sum(len(o.outputs[0].token_ids) for o in out))
-    return {"pieces_s": {"vllm_generate": times[1:]}, "gen_tokens": {"vllm_generate": counts[1:]}}
+    config = load_config(overrides={**llmrl_overrides(model, "grpo", True, dtype=dtype), "rollout.engine": "vllm"})
+    base, tok = load_base(config.model)
+    apply_chat_setting(tok, "auto", config.model.name)
+    engine = build_engine("vllm", stack=PolicyStack(base, config.lora, with_critic=False), tokenizer=tok, config=config)
+    enc = tokenize_prompts(tok, [r["prompt"] for r in get_task("chat_sum").train[:PROMPTS]], return_tensors="pt",
+                           padding=True)
+    ids, mask = enc.input_ids, enc.attention_mask.bool()
+    index = torch.arange(PROMPTS).repeat_interleave(GENERATIONS)
+    out: dict[str, list[float]] = {"vllm_generate": [], "llmrl_vllm_engine": []}
+    counts: dict[str, list[int]] = {k: [] for k in out}
+
+    def plain(keys: torch.Tensor) -> int:
+        prompts = [TokensPrompt(prompt_token_ids=row[m].tolist()) for row, m in zip(ids, mask) for _ in range(GENERATIONS)]
+        params = [SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0, seed=k, logprobs=0, detokenize=False,
+                                 stop_token_ids=engine.stop_ids) for k in keys.tolist()]
+        return sum(len(o.outputs[0].token_ids) for o in engine.llm.generate(prompts, params, use_tqdm=False))
+
+    def wrapped(keys: torch.Tensor) -> int:
+        request = GenerationRequest(ids, mask, GENERATIONS, SamplingSettings(NEW_TOKENS, 1.0), keys, logprobs=True)
+        return int(engine.generate(request).response_mask.sum())
+
+    for rep in range(reps + 1):  # the first round is a warm-up; both see the same keys, so the same tokens
+        keys = row_keys(SEED, rep, index, torch.arange(GENERATIONS).repeat(PROMPTS))
+        for name, fn in (("vllm_generate", plain), ("llmrl_vllm_engine", wrapped)):
+            sync()
+            t0 = time.perf_counter()
+            n = fn(keys)
+            sync()
+            if rep:
+                out[name].append(time.perf_counter() - t0)
+                counts[name].append(n)
+    return {"pieces_s": out, "gen_tokens": counts}
 
 
 def median(xs: list[float]) -> float | None:
@@ -526,10 +546,12 @@ def ratios(table: dict[str, Any]) -> dict[str, Any]:
         if ours in table and trl_best is not None:
             out[f"{ours}/fastest TRL ({trl_best['label']})"] = pair_ratios(table[ours], trl_best)
     if "vllm-generate" in table:
-        plain = table["vllm-generate"]["gen_tokens_per_s"]["vllm_generate"]
+        rate = table["vllm-generate"]["gen_tokens_per_s"]
+        out["vllm-generate"] = {"llmrl engine/plain LLM.generate tokens_per_s": rate["llmrl_vllm_engine"] / rate["vllm_generate"]}
         for ours in ("llmrl-vllm", "llmrl-vllm-bf16"):
             if ours in table:
-                out[f"{ours} generate/plain vLLM generate"] = {"tokens_per_s": table[ours]["generate_tokens_per_s"] / plain}
+                out[f"{ours} generate phase/plain vLLM generate"] = {
+                    "tokens_per_s": table[ours]["generate_tokens_per_s"] / rate["vllm_generate"]}
     if "bound" in table:
         p = table["bound"]["pieces_s"]
         floor = p["hf_generate_lora"] + p["nograd_forward_ref"] + p["lora_fwd_bwd"]
@@ -557,7 +579,7 @@ def print_table(table: dict[str, Any], rat: dict[str, Any], dtype: str) -> None:
         print("\nfloor pieces (median s):", {k: round(v, 3) for k, v in b["pieces_s"].items()})
         print("generate tokens/s:", {k: round(v, 1) for k, v in b["gen_tokens_per_s"].items()})
     if "vllm-generate" in table:
-        print("plain vLLM generate tokens/s:", round(table["vllm-generate"]["gen_tokens_per_s"]["vllm_generate"], 1))
+        print("vLLM generate tokens/s:", {k: round(v, 1) for k, v in table["vllm-generate"]["gen_tokens_per_s"].items()})
     for name, r in table.items():
         if "generate_tokens_per_s" in r:
             print(f"{name}: generate phase {r['generate_tokens_per_s']:.1f} tokens/s, sync {r['sync_s']:.3f} s")
