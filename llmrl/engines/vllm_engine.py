@@ -60,6 +60,14 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0].rstrip(".") if text else type(exc).__name__
 
 
+def _memory(worker: Any) -> tuple[int, int, int]:
+    """Runs inside vLLM's worker: (weight elements, weight bytes, KV-cache bytes) it holds."""
+    runner = worker.model_runner
+    params = list(runner.model.parameters())
+    kv = sum(t.numel() * t.element_size() for t in getattr(runner, "kv_caches", []) if isinstance(t, Tensor))
+    return sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params), kv
+
+
 def _reload(worker: Any, tensors: list[tuple[str, Tensor]]) -> None:
     """Runs inside vLLM's worker: load these checkpoint-format tensors in place of the old ones."""
     worker.model_runner.reload_weights(weights_iterator=iter(tensors))
@@ -174,6 +182,12 @@ class VLLMEngine:
         if self._sleep:
             self.llm.sleep(level=1)
             self._asleep = True
+
+    def memory(self) -> list[tuple[str, int, int]]:
+        """(what, elements, bytes) of the engine's own share: its copy of the weights and its KV cache."""
+        params, weights, kv = self.llm.collective_rpc(_memory)[0]
+        return [(f"vllm engine weights ({str(self.dtype).removeprefix('torch.')})", params, weights),
+                ("vllm engine KV cache", 0, kv)]
 
     def stats(self) -> dict[str, float]:
         """Logged with every step: MiB the step's sync pushed (0: skipped), and the syncs skipped so far."""

@@ -19,7 +19,7 @@ from ..errors import LLMRLError, RunFailed
 from ..parallel.distributed import DistContext, distributed
 from .evaluate import EvalResult
 from .folder import Run, folder_locks, read_run
-from .memory import role_costs
+from .memory import engine_costs, role_costs
 from .one_step import run_step
 from .reporting import NullReporter, Reporter
 from .session import Session, run_eval, setup
@@ -47,7 +47,7 @@ def _train(config: Config, reporter: Reporter, overwrite: bool, resume: bool, di
     check_available(config.log.report_to)
     s = setup(config, reporter, overwrite, resume, dist)
     start, elapsed = 0, 0.0
-    reporter.start(config, role_costs(s.stack), s.folder.path)
+    reporter.start(config, role_costs(s.stack) + engine_costs(s.engine), s.folder.path)
     restored = restore(s) if resume else None
     if restored is not None:
         start, before, elapsed = restored

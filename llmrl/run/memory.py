@@ -46,6 +46,12 @@ def role_costs(stack: PolicyStack) -> list[RoleCost]:
     return rows
 
 
+def engine_costs(engine: object) -> list[RoleCost]:
+    """The generation engine's own memory (an engine with its own weights, e.g. vLLM; none for `hf`)."""
+    memory = getattr(engine, "memory", None)
+    return [RoleCost(*row) for row in memory()] if memory is not None else []
+
+
 def _vm_hwm_kib() -> int | None:
     """VmHWM (peak RSS since start or since the last `reset_peak_memory`) from /proc, in KiB."""
     try:

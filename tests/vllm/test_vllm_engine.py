@@ -131,3 +131,12 @@ def test_trained_norms_reach_the_engine_too(run, warm_tiny_dir) -> None:
     gen = sampled(engine, run, keys_for(2 * PROMPTS, 5))
     run_here = dict(run, stack=stack)
     torch.testing.assert_close(gen.logprobs, trainer_logprobs(run_here, gen), atol=1e-4, rtol=0)
+
+
+def test_the_memory_report_shows_the_engines_own_share(run) -> None:
+    (weights_name, params, weights), (kv_name, _, kv) = run["vllm"].memory()
+    base = run["stack"].lm
+    # the warm tiny model's own parameters (tied embeddings once): vLLM holds exactly one more copy of them
+    expected = sum(p.numel() for n, p in base.named_parameters() if "lora_" not in n)
+    assert (params, weights) == (expected, 4 * expected) and "float32" in weights_name
+    assert 0 < kv <= 0.05 * 2**30  # engine.kv_cache_gb=0.05
