@@ -286,6 +286,9 @@ class _AlwaysBehaviour:
     def sync(self, stack) -> None:
         self.engine.sync(stack)
 
+    def stats(self) -> dict[str, float]:
+        return self.engine.stats()
+
 
 def test_a_step_with_a_behaviour_policy_logs_the_diagnostics(tiny_model_dir: Path, tmp_path: Path) -> None:
     small = {"model.name": str(tiny_model_dir), "rollout.prompts_per_step": 4, "update.minibatch_size": 4,

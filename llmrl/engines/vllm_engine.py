@@ -114,6 +114,28 @@ class VLLMEngine:
         self._doze()
         return gen
 
+    def reference_logprobs(self, x: Any) -> Tensor:
+        """log π_ref(a_t|s_t) of x's responses under the base (no adapter), 0 where masked: (N, T).
+
+        One request per row whose prompt is the row's prompt and response; vLLM's prompt log-probs
+        at position P_i + t are log softmax(logits)[a_t] of the un-tempered base (so temperature 1
+        only: `check_settings`). x: anything with prompt/response ids and masks (Samples)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self._wake()
+        rows = [(p[pm].tolist(), r[rm].tolist()) for p, pm, r, rm in
+                zip(x.prompt_ids.cpu(), x.prompt_mask.cpu(), x.response_ids.cpu(), x.response_mask.cpu())]
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p + r) for p, r in rows], params, use_tqdm=False,
+                                    lora_request=self._request_for("reference"))
+        out = torch.zeros(x.response_ids.shape, dtype=torch.float32)
+        for i, ((prompt, response), o) in enumerate(zip(rows, outputs)):
+            steps = o.prompt_logprobs[len(prompt):]
+            out[i, :len(response)] = torch.tensor([step[tok].logprob for step, tok in zip(steps, response)])
+        self._doze()
+        return out.to(x.response_ids.device)
+
     def _request_for(self, role: str) -> Any:
         """The LoRA request serving `role` (None: the engine's own weights)."""
         if role == "actor":
@@ -241,6 +263,9 @@ def check_settings(config: Any, device: torch.device) -> None:
     if e.sync == "adapter" and config.lora.modules_to_save:
         raise ConfigError("engine.sync=adapter serves the LoRA adapter alone; it cannot carry lora.modules_to_save "
                           f"({', '.join(config.lora.modules_to_save)}): use engine.sync=merged.")
+    if e.reference == "engine" and (e.sync != "adapter" or config.rollout.temperature != 1.0):
+        raise ConfigError("engine.reference=engine computes log π_ref from the engine's base at temperature 1: it needs "
+                          "engine.sync=adapter and rollout.temperature=1.")
     if config.dist.shard_base:
         raise ConfigError("The vllm engine needs the whole base on every process; it cannot run with dist.shard_base.")
 

@@ -2,8 +2,8 @@
 
 The model is a `transformers.LlamaForCausalLM` whose config is built here, on the character
 tokenizer of `llmrl.models.tokenizer`. Before any RL run uses it, a short supervised phase on the
-arithmetic train split makes it competent but clearly imperfect (about half of the held-out sums
-right under greedy decoding), so that RL has room to raise it. The result is cached on disk and
+arithmetic train split makes it competent but clearly imperfect (about a third of the held-out
+sums right under greedy decoding), so that RL has room to raise it. The result is cached on disk and
 loads with `AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained`.
 """
 
