@@ -243,11 +243,6 @@ class EngineConfig:
     sleep: bool = opt(False, "on a GPU: offload the engine's weights and drop its KV cache during the update "
                       "(vLLM sleep level 1), waking it for the sync")
     prefix_caching: bool = opt(True, "reuse the KV cache of a prompt for the other samples of its group")
-    reference: str = opt(
-        "trainer", "who computes log π_ref for the KL: 'trainer' (a forward of the base with adapters off) or "
-        "'engine' (vLLM's prompt log-probs of prompt + response with no adapter; needs engine.sync=adapter, so "
-        "that the engine's base stays the base, and rollout.temperature=1)", choices=("trainer", "engine"),
-    )
 
 
 @dataclass(frozen=True)

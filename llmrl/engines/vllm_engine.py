@@ -18,7 +18,9 @@ behaviour policy, which the update corrects towards the trainer's π_old (llmrl/
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import os
 import shutil
 import tempfile
@@ -46,7 +48,8 @@ def _import_vllm() -> Any:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # the trainer shares this process's cores
     try:
-        import vllm
+        with contextlib.redirect_stderr(io.StringIO()):  # e.g. "Triton is installed, but doesn't include CPU backend"
+            import vllm
     except ImportError:
         raise ConfigError(MISSING) from None
     except Exception as exc:  # e.g. a CUDA torchvision beside the CPU torch: "operator torchvision::nms does not exist"
@@ -60,12 +63,9 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0].rstrip(".") if text else type(exc).__name__
 
 
-def _memory(worker: Any) -> tuple[int, int, int]:
-    """Runs inside vLLM's worker: (weight elements, weight bytes, KV-cache bytes) it holds."""
-    runner = worker.model_runner
-    params = list(runner.model.parameters())
-    kv = sum(t.numel() * t.element_size() for t in getattr(runner, "kv_caches", []) if isinstance(t, Tensor))
-    return sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params), kv
+def _kv_cache_bytes(worker: Any) -> int:
+    """Runs inside vLLM's worker: the bytes of the KV-cache tensors it allocated."""
+    return sum(t.numel() * t.element_size() for t in getattr(worker.model_runner, "kv_caches", []) if isinstance(t, Tensor))
 
 
 def _reload(worker: Any, tensors: list[tuple[str, Tensor]]) -> None:
@@ -83,6 +83,8 @@ class VLLMEngine:
                  dtype: torch.dtype, sleep: bool = False) -> None:
         self.llm, self.stop_ids, self.pad_id, self.sync_mode, self.dtype = llm, list(stop_ids), pad_id, sync_mode, dtype
         self._names = changed_names(stack)
+        adapter = {id(p) for p in stack.parameters_of(ADAPTER)}
+        self._base_numel = sum(p.numel() for p in stack.lm.parameters() if id(p) not in adapter)
         self._synced = ActorSnapshot(stack)  # the engine was loaded with the base's weights
         self._changed = False  # the engine's weights are no longer the base's
         self._lora: Any = None
@@ -113,28 +115,6 @@ class VLLMEngine:
         gen = self._collect([o.outputs[0] for o in outputs], request.logprobs, request.prompt_ids.device)
         self._doze()
         return gen
-
-    def reference_logprobs(self, x: Any) -> Tensor:
-        """log π_ref(a_t|s_t) of x's responses under the base (no adapter), 0 where masked: (N, T).
-
-        One request per row whose prompt is the row's prompt and response; vLLM's prompt log-probs
-        at position P_i + t are log softmax(logits)[a_t] of the un-tempered base (so temperature 1
-        only: `check_settings`). x: anything with prompt/response ids and masks (Samples)."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        self._wake()
-        rows = [(p[pm].tolist(), r[rm].tolist()) for p, pm, r, rm in
-                zip(x.prompt_ids.cpu(), x.prompt_mask.cpu(), x.response_ids.cpu(), x.response_mask.cpu())]
-        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p + r) for p, r in rows], params, use_tqdm=False,
-                                    lora_request=self._request_for("reference"))
-        out = torch.zeros(x.response_ids.shape, dtype=torch.float32)
-        for i, ((prompt, response), o) in enumerate(zip(rows, outputs)):
-            steps = o.prompt_logprobs[len(prompt):]
-            out[i, :len(response)] = torch.tensor([step[tok].logprob for step, tok in zip(steps, response)])
-        self._doze()
-        return out.to(x.response_ids.device)
 
     def _request_for(self, role: str) -> Any:
         """The LoRA request serving `role` (None: the engine's own weights)."""
@@ -207,9 +187,11 @@ class VLLMEngine:
 
     def memory(self) -> list[tuple[str, int, int]]:
         """(what, elements, bytes) of the engine's own share: its copy of the weights and its KV cache."""
-        params, weights, kv = self.llm.collective_rpc(_memory)[0]
-        return [(f"vllm engine weights ({str(self.dtype).removeprefix('torch.')})", params, weights),
-                ("vllm engine KV cache", 0, kv)]
+        # a copy of the base in the engine's dtype (its CPU backend repacks weights out of `parameters()`)
+        params = self._base_numel
+        kv = self.llm.collective_rpc(_kv_cache_bytes)[0]
+        return [(f"vllm engine weights ({str(self.dtype).removeprefix('torch.')})", params,
+                 params * torch.empty((), dtype=self.dtype).element_size()), ("vllm engine KV cache", 0, kv)]
 
     def stats(self) -> dict[str, float]:
         """Logged with every step: MiB the step's sync pushed (0: skipped), and the syncs skipped so far."""
@@ -263,16 +245,14 @@ def check_settings(config: Any, device: torch.device) -> None:
     if e.sync == "adapter" and config.lora.modules_to_save:
         raise ConfigError("engine.sync=adapter serves the LoRA adapter alone; it cannot carry lora.modules_to_save "
                           f"({', '.join(config.lora.modules_to_save)}): use engine.sync=merged.")
-    if e.reference == "engine" and (e.sync != "adapter" or config.rollout.temperature != 1.0):
-        raise ConfigError("engine.reference=engine computes log π_ref from the engine's base at temperature 1: it needs "
-                          "engine.sync=adapter and rollout.temperature=1.")
     if config.dist.shard_base:
         raise ConfigError("The vllm engine needs the whole base on every process; it cannot run with dist.shard_base.")
 
 
 def _check_cpu_head_size(text_config: Any) -> None:
     """vLLM's CPU attention has kernels for some head sizes only; others fail at the first decode."""
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    with contextlib.redirect_stderr(io.StringIO()):  # vLLM warns about Triton before its logging is set up
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
     sizes = CPUAttentionBackend.get_supported_head_sizes()
     head = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads

@@ -83,7 +83,7 @@ def run_step(s: Session, step: int) -> StepReport:
     with clock("score"):
         scores = s.dist.agree(lambda: score(samples, s.task.reward, device))
     with clock("forward"):
-        forwards = forward(s.stack, samples, plan, cfg.rollout.temperature, s.engine)
+        forwards = forward(s.stack, samples, plan, cfg.rollout.temperature)
     beta = s.kl.beta
     with clock("estimate"):
         rewards, trained, overlong = apply_overlong(samples, shape_rewards(samples, scores, forwards, beta, cfg.kl),

@@ -84,7 +84,7 @@ def plan_for(config: Config, spec: EstimatorSpec, stack: PolicyStack, own_weight
                     greedy=spec.needs.greedy, critic_in_update=critic_in_update, base_hidden=stack.critic_shortcut,
                     old_logprobs=not on_policy_update(config),
                     from_generation=generation_logprobs(config.rollout, stack.lm.dtype) and not own_weights,
-                    behaviour=own_weights, reference_engine=own_weights and config.engine.reference == "engine")
+                    behaviour=own_weights)
 
 
 def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: bool = False,

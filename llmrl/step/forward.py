@@ -7,7 +7,7 @@ for a top-k critic. What is computed is decided by the `StepPlan`, never by an a
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -58,21 +58,18 @@ def critic_values(stack: PolicyStack, x: Responses, base_hidden: Tensor | None =
         return stack.values(sequences(x), base_hidden)
 
 
-def forward(stack: PolicyStack, samples: Samples, plan: StepPlan, temperature: float, engine: Any = None) -> Forwards:
+def forward(stack: PolicyStack, samples: Samples, plan: StepPlan, temperature: float) -> Forwards:
     """Run the forwards `plan` asks for on `samples` (no grad, but for the kept critic graph).
 
     With `plan.critic_in_update` the critic's forward runs *with* its graph and LoRA dropout, as a
     gradient forward of the update (`update.on_policy_values`): its detached values serve as V_old
-    and the update's critic pass backpropagates through `value_graph`. With `plan.reference_engine`
-    the engine computes log π_ref (`engine.reference_logprobs`, vLLM's prompt log-probs)."""
+    and the update's critic pass backpropagates through `value_graph`."""
     dtype = at_least_float32(stack.lm.dtype)
     with torch.no_grad():
         old = _old_logprobs(stack, samples, plan, temperature)
         kept: list[Tensor] = []  # the base's hidden state at the critic's first layer, from the reference forward
         ref = None
-        if plan.reference and plan.reference_engine:
-            ref = engine.reference_logprobs(samples).to(dtype)
-        elif plan.reference:
+        if plan.reference:
             with stack.use("reference"), stack.keeping_base(kept if plan.base_hidden else None):
                 ref = masked_logprobs(stack, samples, temperature)
         base = None

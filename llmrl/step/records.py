@@ -29,7 +29,6 @@ class StepPlan:
     critic_in_update: bool = False  # forward: values with their graph for the critic pass (update.on_policy_values)
     base_hidden: bool = False  # forward: keep the base's hidden state at the critic's first layer (lora.critic_layers)
     behaviour: bool = False  # generate: record the engine's log μ, a policy of its own (update: IS correction)
-    reference_engine: bool = False  # forward: log π_ref from the engine (engine.reference=engine), not the stack
 
 
 @dataclass(frozen=True)

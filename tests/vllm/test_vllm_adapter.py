@@ -46,21 +46,3 @@ def test_the_adapter_reaches_the_engine_and_the_reference_stays_the_base(run) ->
     engine.sync(stack)
     assert (engine.syncs, engine.skipped) == (1, 1)
 
-
-def test_the_engine_computes_the_references_log_probs_as_the_trainer_does(run) -> None:
-    """engine.reference=engine: vLLM's prompt log-probs of prompt + response with no adapter are the
-    trainer's log π_ref (adapters disabled), whatever the actor has become."""
-    from llmrl.step.forward import masked_logprobs
-    from llmrl.step.records import TrainRows
-
-    engine, stack = run["vllm"], run["stack"]
-    perturb(stack, seed=11, scale=0.1)
-    engine.sync(stack)
-    gen = sampled(engine, run, keys_for(2 * PROMPTS, 13))
-    rows = TrainRows(run["ids"].repeat_interleave(2, 0), run["mask"].repeat_interleave(2, 0), gen.response_ids,
-                     gen.response_mask)
-    with stack.use("reference"):
-        expected = masked_logprobs(stack, rows, 1.0)
-    got = engine.reference_logprobs(rows)
-    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
-    assert not torch.allclose(got, trainer_logprobs(run, gen), atol=1e-2)  # and not the actor's

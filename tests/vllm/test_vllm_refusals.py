@@ -46,9 +46,3 @@ def test_a_vllm_that_fails_to_import(tmp_path: Path) -> None:
     assert refused([], tmp_path, env={"PYTHONPATH": f"{broken.parent}{os.pathsep}{ROOT}"}) == (
         "error: vLLM is installed but fails to import (operator torchvision::nms does not exist); on the CPU, "
         "`pip uninstall -y torchvision torchaudio torchcodec` removes the usual cause.")
-
-
-def test_the_engines_reference_needs_the_adapter_sync(tmp_path: Path) -> None:
-    assert refused(["--set", "engine.reference=engine"], tmp_path) == (
-        "error: engine.reference=engine computes log π_ref from the engine's base at temperature 1: it needs "
-        "engine.sync=adapter and rollout.temperature=1.")
