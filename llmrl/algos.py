@@ -58,11 +58,13 @@ ALGOS: dict[str, Algo] = {
              {"update.policy_loss": "gspo", "update.clip_eps": 3e-4, "update.clip_eps_high": 4e-4,
               "update.loss_agg": "seq-mean-token-mean", "kl.beta": 0.0, **_ONE_UPDATE, **_GROUPS}),
         # DAPO: clip-higher, token-level loss over the batch, no KL, overlong shaping and filtering
-        # (L_cache = 0.2·L_max, the paper's 4096 of 20480); dynamic sampling is not part of it here
+        # (L_cache = 0.2·L_max, the paper's 4096 of 20480), dynamic sampling with at most 3 refill
+        # rounds (verl's max_num_gen_batches is 10; a round is most of a step's cost on a CPU)
         Algo("dapo", "grpo", "Yu et al. 2025 (DAPO)",
              {"update.clip_eps": 0.2, "update.clip_eps_high": 0.28, "update.loss_agg": "token-mean",
               "kl.beta": 0.0, "reward.overlong_buffer": 0.2, "reward.overlong_penalty": 1.0,
-              "update.mask_truncated": True, **_ONE_UPDATE, **_GROUPS}),
+              "update.mask_truncated": True, "rollout.filter_groups": True, "rollout.max_draws": 3,
+              **_ONE_UPDATE, **_GROUPS}),
         # CISPO: the stop-gradient clipped IS weight; no lower bound (ε_low = 1, as the paper), the weight
         # capped at 4 (ε_high = 3: the paper gives no value; ScaleRL's and Tinker's cap), token-mean, no KL
         Algo("cispo", "grpo", "MiniMax 2025 (MiniMax-M1, CISPO)",

@@ -21,6 +21,7 @@ from .run.actor import load_actor
 from .run.evaluate import evaluate, evaluate_sampled
 from .models.load import load_base
 from .models.stack import PolicyStack
+from .models.tokenizer import stop_token_ids
 from .run.folder import MARKER
 from .tasks import Task, task_from_config
 
@@ -109,11 +110,12 @@ def eval_model(
     batch = batch_size or cfg.eval.batch_size
     engine = build_engine(cfg.rollout.engine, stack=target.stack, tokenizer=target.tokenizer, config=cfg)
     greedy = evaluate(engine, target.tokenizer, rows, chosen.reward, max_new_tokens=n_new,
-                      success=chosen.success, batch_size=batch, role=target.role)
+                      success=chosen.success, batch_size=batch, role=target.role, metrics=chosen.metrics,
+                      stop_ids=stop_token_ids(target.tokenizer, target.stack.lm))
     report: dict[str, Any] = {
         "model": model, "evaluated": target.label, "task": chosen.name, "prompts": len(rows),
         "prompts_from": f"the first {len(rows)} rows of {dataset}" if dataset is not None else "the held-out split",
-        "greedy": {"accuracy": greedy.accuracy, "reward_mean": greedy.reward_mean},
+        "greedy": {"accuracy": greedy.accuracy, "reward_mean": greedy.reward_mean, **greedy.metrics},
     }
     if samples > 0:
         temp = cfg.rollout.temperature if temperature is None else temperature

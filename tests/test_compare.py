@@ -77,6 +77,10 @@ def test_compare_writes_every_file(done: tuple[Path, list[str], str]) -> None:
         assert cols["acc_after"]["n"] == 2 and cols["acc_after"]["std"] is not None
         assert cols["prompts_seen"]["values"] == [8, 8]  # 2 steps × 4 prompts, both seeds
         assert cols["grad_var"]["mean"] > 0 and cols["adv_std"]["mean"] > 0
+        # the held-out EOS rate is each run's summary figure; the arithmetic task has no strict metric
+        eos = [read_run(out / f"{algo}-seed{k}").summary["eval_eos_rate_after"] for k in (0, 1)]
+        assert cols["eos_after"]["values"] == eos and all(0 <= e <= 1 for e in eos)
+        assert cols["strict_after"]["mean"] is None
     # reward AUC is the mean train reward over the steps of each run
     rows = read_run(out / "ppo-seed0").metrics
     assert summary["runs"]["ppo-seed0"]["reward_auc"] == pytest.approx(sum(r["reward_mean"] for r in rows) / 2, abs=1e-12)
@@ -86,6 +90,7 @@ def test_compare_writes_every_file(done: tuple[Path, list[str], str]) -> None:
     assert not any(k.startswith("rollout.") or k in ("seed", "steps", "task") for k in diff)
     report = (out / "report.md").read_text()
     assert all(f"]({p})" in report for p in PLOTS) and "| `grpo` |" in report
+    assert "EOS rate after" in report and "strict acc." not in report  # a column no run measured is left out
     assert "What differs between the algorithms" in stdout and "estimator.name" in stdout
     assert all(f"{n}" in stdout for n in ("ppo-seed0", "grpo-seed1")) and "done" in stdout  # the live view's lines
     assert "Outcome (mean ± std over 2 seeds)" in stdout and "seed 0: identical over the first 8 prompts" in stdout

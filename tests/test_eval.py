@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 from math import comb
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from llmrl import load_config, read_run, train
 from llmrl.cli import app
-from llmrl.run.evaluate import pass_at_k
-from llmrl.model_eval import eval_model
+from llmrl.engines import build_engine
+from llmrl.engines.base import GenerationRequest, SamplingSettings
+from llmrl.model_eval import eval_model, load_target, resolve_task
+from llmrl.models.tokenizer import stop_token_ids
+from llmrl.run.evaluate import evaluate, pass_at_k
+from llmrl.step.generate import encode_prompts
 from llmrl.tasks import TASKS, Task, get_task
 from tests.helpers import digits_task as make_digits_task
 
@@ -75,6 +81,34 @@ def test_run_eval_matches_what_the_trainer_measured(run_dir: Path, tiny_model_di
     plain = eval_model(str(tiny_model_dir), task="digits", size=12, samples=0, max_new_tokens=4)
     assert plain["greedy"]["reward_mean"] == pytest.approx(summary["eval_reward_before"], abs=1e-7)
     assert plain["greedy"]["reward_mean"] != pytest.approx(trained["greedy"]["reward_mean"], abs=1e-4)
+
+
+def test_eval_metrics_eos_rate_and_length_are_those_of_its_completions(run_dir: Path) -> None:
+    target = load_target(str(run_dir))
+    task = resolve_task(None, target)
+    engine = build_engine("hf", stack=target.stack, tokenizer=target.tokenizer, config=target.config)
+    first_is_one = lambda prompts, completions, **_: [float(c[:1] == "1") for c in completions]  # noqa: E731
+    logged = evaluate(engine, target.tokenizer, task.eval[:12], task.reward, max_new_tokens=4,
+                      stop_ids=stop_token_ids(target.tokenizer, target.stack.lm))
+    # what the run logged after its last step is the same evaluation
+    summary = read_run(run_dir).summary
+    assert summary["eval_eos_rate_after"] == logged.metrics["eos_rate"]
+    assert summary["eval_response_len_after"] == pytest.approx(logged.metrics["response_len"], abs=1e-12)
+    # this barely trained random model never draws EOS in 4 tokens, but it does draw the pad id 0 in
+    # some rows: with {0, EOS} as the stop ids both kinds of row occur
+    engine = replace(engine, stop_ids=[0, *stop_token_ids(target.tokenizer, target.stack.lm)])
+    res = evaluate(engine, target.tokenizer, task.eval[:12], task.reward, max_new_tokens=4, batch_size=5,
+                   metrics={"first_is_one": first_is_one}, stop_ids=engine.stop_ids)
+    # by hand, from one unbatched request: a row stopped when it holds fewer than 4 tokens (generation
+    # ends at a stop token, which the mask keeps) or its 4th token is a stop token; its length is Σ mask
+    ids, mask = encode_prompts(target.tokenizer, [r["prompt"] for r in task.eval[:12]], torch.device("cpu"))
+    gen = engine.generate(GenerationRequest(ids, mask, 1, SamplingSettings(4)))
+    lengths = gen.response_mask.sum(-1).tolist()
+    ended = [n < 4 or int(row[3]) in engine.stop_ids for n, row in zip(lengths, gen.response_ids)]
+    assert 0 < sum(ended) < 12, ended  # both kinds occur: a wrong count cannot pass by chance
+    assert res.metrics["eos_rate"] == pytest.approx(sum(ended) / 12, abs=1e-12)
+    assert res.metrics["response_len"] == pytest.approx(sum(lengths) / 12, abs=1e-12)
+    assert res.metrics["first_is_one"] == pytest.approx(sum(c[:1] == "1" for c in res.completions) / 12, abs=1e-12)
 
 
 def test_sampled_eval(run_dir: Path) -> None:

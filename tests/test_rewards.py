@@ -21,7 +21,8 @@ from llmrl.step.score import RewardFailed, score_parts, score_texts
 from llmrl.errors import ConfigError
 from llmrl.models.tokenizer import build_char_tokenizer
 from llmrl.rewards import build_reward
-from llmrl.rewards.builtin import exact_match, format, last_number, length_penalty, numeric
+from llmrl.rewards.builtin import (exact_match, first_answer_number, first_number, format, last_number, length_penalty,
+                                   numeric)
 from llmrl.rewards.model import RewardModel
 
 CPU = torch.device("cpu")
@@ -69,6 +70,22 @@ def test_numeric_reads_the_last_number() -> None:
     assert numeric(["", ""], ["q 5", "q 6"], column="sol", sol=["#### 5", "5"]) == [1.0, 0.0]
 
 
+def test_first_number_counts_only_the_first_answer_stated() -> None:
+    chat = lambda a, b: [{"role": "user", "content": f"What is {a}+{b}?"}]  # noqa: E731
+    prompts = [chat(12, 9)] * 9 + ["What is 3+4?", "What is 3+4?"]
+    completions = ["12+9 = 21", "12+9 = 19 or 21", "9 + 12 = 21.", "The sum of 12 and 9 is 21", "21, or maybe 20",
+                   "12+9", "no number", "20 or 21", "12 + 9 = 21 and 12 + 9 = 22", "3+4=7", "4+3 is 8"]
+    # the answers read: 21 (restated 12, 9 skipped), 19, 21, 21, 21, 12 (nothing after the restatement),
+    # none, 20, 21, 7, 8
+    assert [first_answer_number(c, p) for c, p in zip(completions, prompts)] == [
+        21.0, 19.0, 21.0, 21.0, 21.0, 12.0, None, 20.0, 21.0, 7.0, 8.0]
+    answers = ["21"] * 9 + ["7", "7"]
+    assert first_number(prompts, completions, answer=answers) == [1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+    # numeric reads the last number: it calls the hedges "19 or 21" and "20 or 21" right, and
+    # "21, or maybe 20" and "12 + 9 = 21 and 12 + 9 = 22" wrong
+    assert numeric(prompts, completions, answer=answers) == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+
+
 def test_exact_match_format_and_length_penalty_tables() -> None:
     assert exact_match([""] * 4, [" 19 ", "19.", "x", "19"], answer=["19", "19", "x", 19]) == [1.0, 0.0, 1.0, 1.0]
     assert format(["", ""], ["a1", "ab"], pattern=r"\d+") == [1.0, 0.0]
@@ -100,7 +117,7 @@ def test_duplicate_labels_get_a_suffix() -> None:
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("nosuch", "Reward 'nosuch' is not a built-in (exact_match, numeric, math, format, length_penalty), a 'module:function'"),
+        ("nosuch", "Reward 'nosuch' is not a built-in (exact_match, numeric, first_number, math, format, length_penalty), a 'module:function'"),
         ("no_such_module_xyz:fn", "Cannot import reward module 'no_such_module_xyz': No module named 'no_such_module_xyz'."),
         ("/nonexistent/r.py:fn", "Reward file '/nonexistent/r.py' does not exist."),
         ("myrewards:nope", "Reward 'myrewards:nope': 'myrewards' has no function 'nope'."),

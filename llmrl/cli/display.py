@@ -47,6 +47,10 @@ def _pct(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:.1f} %"
 
 
+def _num(x: float | None) -> str:
+    return "—" if x is None else f"{x:.1f}"
+
+
 class RichReporter:
     """Prints to stderr-free stdout via rich; a live bar shows reward, KL and held-out accuracy."""
 
@@ -131,6 +135,13 @@ class RichReporter:
         table.add_column("value", justify="right")
         table.add_row("held-out accuracy (greedy)",
                       f"{_pct(summary['eval_accuracy_before'])} → {_pct(summary['eval_accuracy_after'])}")
+        if "eval_strict_accuracy_after" in summary:
+            table.add_row("held-out strict accuracy (first number stated)",
+                          f"{_pct(summary['eval_strict_accuracy_before'])} → {_pct(summary['eval_strict_accuracy_after'])}")
+        if summary.get("eval_eos_rate_after") is not None:
+            ends = lambda when: (f"{_pct(summary.get(f'eval_eos_rate_{when}'))} · "  # noqa: E731
+                                 f"{_num(summary.get(f'eval_response_len_{when}'))}")
+            table.add_row("held-out EOS rate · length (tokens)", f"{ends('before')} → {ends('after')}")
         first, last = summary["reward_mean_first"], summary["reward_mean_last"]
         table.add_row("train reward (first step → last 10 %)", f"{first:.3f} → {last:.3f}" if last is not None else "—")
         table.add_row("KL to reference (per sequence)", "—" if summary["kl_last"] is None else f"{summary['kl_last']:.4f}")

@@ -28,6 +28,12 @@ def render(report: dict[str, Any]) -> Table:
     table.add_column("value", justify="right")
     table.add_row("accuracy (greedy)", _pct(report["greedy"]["accuracy"]))
     table.add_row("mean reward (greedy)", f"{report['greedy']['reward_mean']:.4f}")
+    greedy = report["greedy"]
+    if "strict_accuracy" in greedy:
+        table.add_row("strict accuracy (greedy, first number stated)", _pct(greedy["strict_accuracy"]))
+    if "eos_rate" in greedy:
+        table.add_row("EOS rate (greedy)", _pct(greedy["eos_rate"]))
+        table.add_row("response length (greedy, tokens)", f"{greedy['response_len']:.1f}")
     sampled = report.get("sampled")
     if sampled:
         how = f"{sampled['samples']} samples, T={sampled['temperature']:g}"
@@ -42,7 +48,7 @@ def eval(  # noqa: A001 - the command is called `eval`
     model: str = typer.Option(..., "--model", "-m", help="A run folder (its trained actor), a model folder, a hub id, a .gguf file or 'tiny'."),
     task: Optional[str] = typer.Option(None, "--task", "-t", help="Built-in task. Default: the run's task (or arithmetic)."),
     dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="Score every row of this .jsonl/.csv/.parquet file (or `datasets` hub name) instead of a task."),
-    reward: Optional[str] = typer.Option(None, "--reward", help="Reward for --dataset rows: exact_match, numeric, math, format, length_penalty, module:function or file.py:function. Default: the run's rewards."),
+    reward: Optional[str] = typer.Option(None, "--reward", help="Reward for --dataset rows: exact_match, numeric, first_number, math, format, length_penalty, module:function or file.py:function. Default: the run's rewards."),
     samples: int = typer.Option(4, "--samples", "-k", help="K sampled completions per prompt for pass@1 and pass@K (0: greedy only)."),
     size: Optional[int] = typer.Option(None, "--size", "-n", help="Prompts to score (held-out ones, or the first rows of --dataset). Default: the run's eval.size."),
     seed: int = typer.Option(0, "--seed", "-s", help="Seed of the sampled completions."),

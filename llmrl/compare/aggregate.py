@@ -4,6 +4,10 @@ that every run of a seed read the same prompts in the same order.
 Per run (S = steps, r_s = mean train reward of step s, t_s = its seconds, n_s = its generated tokens):
 
     acc_before / acc_after   held-out greedy accuracy before the first step and after the last
+    strict_before / strict_after
+                             held-out strict accuracy (the task's `strict_accuracy`: only the first
+                             number stated counts; None for a task without it)
+    eos_after                held-out share of greedy completions ending with a stop token, after
     reward_final             mean of r_s over the last 10 % of steps (≥ 1): summary's reward_mean_last
     reward_auc               (1/S) Σ_s r_s: the area under the reward-vs-step curve per step
     kl                       KL to the reference per sequence, mean over the last 10 % of steps
@@ -29,8 +33,8 @@ from typing import Any, Iterable
 from ..run.folder import Run
 from .plan import Plan
 
-COLUMNS = ("acc_before", "acc_after", "reward_final", "reward_auc", "kl", "response_len", "sec_per_step",
-           "tokens_per_s", "peak_rss_mib", "peak_device_mib", "adv_std", "grad_norm_var", "grad_var",
+COLUMNS = ("acc_before", "acc_after", "strict_before", "strict_after", "eos_after", "reward_final", "reward_auc",
+           "kl", "response_len", "sec_per_step", "tokens_per_s", "peak_rss_mib", "peak_device_mib", "adv_std", "grad_norm_var", "grad_var",
            "grad_rel_var", "prompts_seen")
 
 
@@ -46,6 +50,9 @@ def run_metrics(run: Run) -> dict[str, Any]:
     return {
         "acc_before": s.get("eval_accuracy_before"),
         "acc_after": s.get("eval_accuracy_after"),
+        "strict_before": s.get("eval_strict_accuracy_before"),
+        "strict_after": s.get("eval_strict_accuracy_after"),
+        "eos_after": s.get("eval_eos_rate_after"),
         "reward_final": s.get("reward_mean_last"),
         "reward_auc": _mean(r["reward_mean"] for r in rows),
         "kl": s.get("kl_last"),

@@ -27,6 +27,9 @@ Fmt = Callable[[float], str]
 OUTCOME: list[tuple[str, str, str, Fmt]] = [
     ("acc_before", "held-out acc. before", " %", _pct),
     ("acc_after", "held-out acc. after", " %", _pct),
+    ("strict_before", "strict acc. before", " %", _pct),
+    ("strict_after", "strict acc. after", " %", _pct),
+    ("eos_after", "EOS rate after", " %", _pct),
     ("reward_final", "final reward", "", lambda x: f"{x:.3f}"),
     ("reward_auc", "reward AUC", "", lambda x: f"{x:.3f}"),
     ("kl", "KL to ref.", "", lambda x: f"{x:.4f}"),

@@ -277,6 +277,16 @@ def load_config(
     return config
 
 
+def _check_filter_groups(r: Any) -> None:
+    """Dynamic sampling compares the rewards within a group, so it needs groups."""
+    if r.filter_groups and r.num_generations < 2:
+        raise ConfigError("'rollout.filter_groups' drops groups whose rewards are all equal, which needs "
+                          f"rollout.num_generations ≥ 2 (it is {r.num_generations}).")
+    if r.max_draws and not r.filter_groups:
+        raise ConfigError(f"'rollout.max_draws' ({r.max_draws}) refills the groups rollout.filter_groups drops; "
+                          "set rollout.filter_groups=true too.")
+
+
 def _check_consistency(config: Config) -> None:
     """Rules that tie several keys together."""
     rows = config.rollout.prompts_per_step * config.rollout.num_generations
@@ -287,6 +297,7 @@ def _check_consistency(config: Config) -> None:
         )
     _check_sampling_and_kl(config)
     _check_is_band(config.update.is_band)
+    _check_filter_groups(config.rollout)
     if config.update.on_policy_logprobs == "on" and not exactly_on_policy(config):
         raise ConfigError(
             "'update.on_policy_logprobs' needs one exactly on-policy update: update.epochs=1, "

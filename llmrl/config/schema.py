@@ -74,6 +74,12 @@ class RolloutConfig:
     temperature: float = opt(1.0, "sampling temperature (the policy is softmax(logits / T))", gt=0)
     top_p: float = opt(1.0, "nucleus sampling mass; training refuses < 1, whose PPO ratio would not be the "
                        "sampler's (docs/algorithms.md)", gt=0, max=1)
+    filter_groups: bool = opt(
+        False, "dynamic sampling (DAPO): drop the groups whose G rewards are all equal (zero group advantage) "
+        "before the forward and update, so no pass is spent on them; needs num_generations ≥ 2 (docs/algorithms.md)")
+    max_draws: int = opt(
+        0, "with filter_groups: at most this many extra rounds of prompts are generated to refill the batch "
+        "to B informative groups (0: train on the groups left); logged as ds_draws", min=0)
     generation_logprobs: bool = opt(
         True, "take log π_old of the drawn tokens from the decoding logits instead of a second no-grad "
         "forward of the actor (same float32 math; float16/bfloat16 models always use the forward)",
@@ -206,7 +212,7 @@ class DataConfig:
 class RewardConfig:
     functions: list[dict[str, Any]] | None = opt(
         None, "rewards summed with weights, e.g. [{name: numeric, weight: 1.0}, {name: my.mod:fn, weight: 0.5}, "
-        "{model: reward-model-folder, weight: 0.2}]; names: exact_match, numeric, math, format, length_penalty, "
+        "{model: reward-model-folder, weight: 0.2}]; names: exact_match, numeric, first_number, math, format, length_penalty, "
         "module:function, file.py:function; default: the task's own reward",
     )
     success: float = opt(1.0, "with reward.functions: a completion counts as correct when its total reward ≥ this")

@@ -63,7 +63,9 @@ def sampler_mismatch(dist: DistContext, old_logprobs: Tensor, behaviour_logprobs
 
 def batch_means(dist: DistContext, scores: Tensor, parts: dict[str, Tensor], mask: Tensor, advantages: Tensor,
                 estimator_stats: dict[str, float]) -> dict[str, Any]:
-    """The metrics-row entries that are means or counts over the step's rows (of every rank)."""
+    """The metrics-row entries that are means or counts over the step's rows (of every rank):
+    `scores`/`parts` are the rewards of the stream's prompts (dynamic sampling's round 0, run/draws.py),
+    `mask` and `advantages` those of the rows trained on."""
     if dist.active:
         return _global_means(dist, scores, parts, mask, advantages, estimator_stats)
     n_tokens = int(mask.sum())
@@ -106,16 +108,21 @@ def _global_means(dist: DistContext, scores: Tensor, parts: dict[str, Tensor], m
 
 
 def shared_evaluation(dist: DistContext, rows: Sequence[Any],
-                      evaluate: Callable[[Sequence[Any]], tuple[float, float, list[str]]]) -> tuple[float, float, list[str]]:
-    """(accuracy, mean reward, completions) of `evaluate` over all `rows`. Several processes share
-    the rows: each evaluates rows[r::W], the correct counts and reward sums are summed over ranks
-    and the completions gathered back into the rows' order; with a sharded base (`lockstep`) every
-    rank evaluates every row, because each forward is a collective."""
+                      evaluate: Callable[[Sequence[Any]], tuple[float, float, list[str], dict[str, float]]]
+                      ) -> tuple[float, float, list[str], dict[str, float]]:
+    """(accuracy, mean reward, completions, {metric: mean}) of `evaluate` over all `rows`. Several
+    processes share the rows: each evaluates rows[r::W]; the correct counts, reward sums and
+    metric sums (mean × rows) are summed over ranks and the completions gathered back into the
+    rows' order; with a sharded base (`lockstep`) every rank evaluates every row, because each
+    forward is a collective."""
     if not dist.active or dist.lockstep:
         return evaluate(rows)
     w, r = dist.world_size, dist.rank
     mine = rows[r::w]
-    accuracy, reward, completions = dist.agree(lambda: evaluate(mine))
-    correct, total = dist.sum_floats([round(accuracy * len(mine)), reward * len(mine)])
+    accuracy, reward, completions, metrics = dist.agree(lambda: evaluate(mine))
+    keys = sorted(metrics)  # every rank evaluates the same task: the same metric names
+    correct, total, *sums = dist.sum_floats([round(accuracy * len(mine)), reward * len(mine),
+                                             *[metrics[k] * len(mine) for k in keys]])
     parts = dist.gather_objects(completions)
-    return correct / len(rows), total / len(rows), [parts[i % w][i // w] for i in range(len(rows))]
+    return (correct / len(rows), total / len(rows), [parts[i % w][i // w] for i in range(len(rows))],
+            {k: v / len(rows) for k, v in zip(keys, sums)})

@@ -7,6 +7,8 @@ and the dataset's other columns as keyword arguments, and returns one float per 
 |----------------|-----------------------------------------------------------------------------|
 | exact_match    | 1 if c.strip() == str(answer).strip() else 0                                 |
 | numeric        | 1 if |last_number(c) − last_number(answer)| ≤ tolerance else 0 (0 if none)   |
+| first_number   | 1 if |first_answer_number(c, prompt) − last_number(answer)| ≤ tolerance else 0: |
+|                | only the first number stated after restating the question counts (strict)    |
 | math           | 1 if math-verify finds c's answer equal to the answer (LaTeX, \\boxed{}, fractions, |
 |                | units; `pip install 'llmrl[math]'`) else 0                                    |
 | format         | 1 if the regex `pattern` matches c (`match`: search anywhere, or full) else 0 |
@@ -36,6 +38,33 @@ def last_number(text: Any) -> float | None:
     return float(found[-1].replace(",", "")) if found else None
 
 
+def numbers(text: Any) -> list[float]:
+    """Every number written in `text`, in order ("12+9 = 21." → [12, 9, 21])."""
+    return [float(x.replace(",", "")) for x in NUMBER.findall(str(text))]
+
+
+def question_text(prompt: Any) -> str:
+    """A prompt's text: the string itself, or the contents of its chat messages joined by newlines."""
+    if isinstance(prompt, (list, tuple)):
+        return "\n".join(str(m.get("content", "")) if isinstance(m, dict) else str(m) for m in prompt)
+    return str(prompt)
+
+
+def first_answer_number(completion: str, prompt: Any) -> float | None:
+    """The first number `completion` states as its answer, or None when it states none.
+
+    With q = the prompt's numbers (k of them) and c = the completion's: when c has more than k
+    numbers and its first k are q in some order (a restated question: "12+9 = …", "9 + 12 = …",
+    "The sum of 12 and 9 is …"), the answer is c[k]; otherwise c[0]. So "12+9 = 21" answers 21,
+    "12+9 = 19 or 21" answers 19 and "21, or maybe 20" answers 21: hedging counts its first guess.
+    """
+    got, asked = numbers(completion), numbers(question_text(prompt))
+    k = len(asked)
+    if k and len(got) > k and sorted(got[:k]) == sorted(asked):
+        got = got[k:]
+    return got[0] if got else None
+
+
 def _answers(columns: dict[str, Any], column: str) -> Sequence[Any]:
     if column not in columns:
         raise KeyError(f"the dataset has no '{column}' column")
@@ -55,6 +84,18 @@ def numeric(prompts: Sequence[Any], completions: Sequence[str], column: str = "a
     out = []
     for c, a in zip(completions, _answers(columns, column), strict=True):
         got, want = last_number(c), last_number(a)
+        out.append(1.0 if got is not None and want is not None and math.isclose(got, want, rel_tol=0, abs_tol=tolerance) else 0.0)
+    return out
+
+
+def first_number(prompts: Sequence[Any], completions: Sequence[str], column: str = "answer", tolerance: float = 1e-6,
+                 **columns: Any) -> list[float]:
+    """1.0 when the first number the completion states after restating the question
+    (`first_answer_number`) equals the `column` value (its last number) within `tolerance`, else
+    0.0: the strict reading of a numeric answer, where "19 or 21" is wrong even when 21 is right."""
+    out = []
+    for p, c, a in zip(prompts, completions, _answers(columns, column), strict=True):
+        got, want = first_answer_number(c, p), last_number(a)
         out.append(1.0 if got is not None and want is not None and math.isclose(got, want, rel_tol=0, abs_tol=tolerance) else 0.0)
     return out
 
@@ -104,6 +145,6 @@ def length_penalty(prompts: Sequence[Any], completions: Sequence[str], target: i
     return [-min(1.0, max(0, len(c) - target) / target) for c in completions]
 
 
-BUILTINS = {"exact_match": exact_match, "numeric": numeric, "math": math_answer, "format": format,
-            "length_penalty": length_penalty}
-COLUMN_READERS = ("exact_match", "numeric", "math")  # built-ins that read a dataset column (option `column`)
+BUILTINS = {"exact_match": exact_match, "numeric": numeric, "first_number": first_number, "math": math_answer,
+            "format": format, "length_penalty": length_penalty}
+COLUMN_READERS = ("exact_match", "numeric", "first_number", "math")  # built-ins that read a dataset column (option `column`)

@@ -4,8 +4,8 @@ engine (engines/), like the training step."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -17,9 +17,15 @@ from ..step.score import score_texts
 
 @dataclass(frozen=True)
 class EvalResult:
-    accuracy: float  # share of completions whose reward ≥ the task's success threshold
+    """accuracy: share of completions whose reward ≥ the task's success threshold; metrics: the
+    task's own metrics (`Task.metrics`, e.g. strict_accuracy) and, for every task,
+    eos_rate = share of completions that ended with a stop token (not cut at max_new_tokens) and
+    response_len = mean completion length in tokens (the stop token counted)."""
+
+    accuracy: float
     reward_mean: float
     completions: list[str]
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @torch.no_grad()
@@ -33,17 +39,31 @@ def evaluate(
     success: float = 1.0,
     batch_size: int = 256,
     role: str = "actor",
+    metrics: Mapping[str, Callable[..., Sequence[float]]] | None = None,
+    stop_ids: int | Sequence[int] = (),
 ) -> EvalResult:
-    """Greedy-decode every row's prompt in batches (under `role`) and score the completions."""
+    """Greedy-decode every row's prompt in batches (under `role`) and score the completions; the
+    task's `metrics` are means of their 0/1 values; eos_rate counts the completions whose last
+    token is one of `stop_ids`."""
     completions: list[str] = []
+    lengths, ended = [], []
+    stop = torch.as_tensor(stop_ids, dtype=torch.long).reshape(-1)
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
         ids, mask = encode_prompts(tokenizer, [r["prompt"] for r in chunk], torch.device("cpu"))
         gen = engine.generate(GenerationRequest(ids, mask, 1, SamplingSettings(max_new_tokens), role=role))
         completions += decode(tokenizer, gen.response_ids, gen.response_mask)
+        n_tok = gen.response_mask.sum(-1).cpu()
+        last = gen.response_ids.cpu().gather(1, (n_tok - 1).clamp(min=0)[:, None]).squeeze(1)
+        lengths.append(n_tok)
+        ended.append((n_tok > 0) & torch.isin(last, stop))
     rewards = score_texts(reward_fn, rows, completions) if rows else torch.zeros(0)
     n = max(len(rows), 1)
-    return EvalResult(float((rewards >= success).sum()) / n, float(rewards.sum()) / n, completions)
+    extra = {name: float(score_texts(fn, rows, completions).sum()) / n for name, fn in (metrics or {}).items()} if rows else {}
+    if rows:
+        extra["eos_rate"] = float(torch.cat(ended).sum()) / n
+        extra["response_len"] = float(torch.cat(lengths).sum()) / n
+    return EvalResult(float((rewards >= success).sum()) / n, float(rewards.sum()) / n, completions, extra)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -2,6 +2,8 @@
 
     samples   = generate(engine, prompts)              # G responses each (+ greedy ones for ReMax)
     scores    = score(samples, reward)                 # the task's reward, checked
+                                                       # (draws.py: in rounds, all-equal groups dropped,
+                                                       #  with rollout.filter_groups)
     forwards  = forward(stack, samples, plan)          # old / ref log-probs, values, kept hidden state
     targets   = estimate(estimator, shape_rewards(…))  # advantages, returns (registry, by name)
     result    = update(stack, rows, targets)           # PPO epochs × minibatches, actor and critic passes
@@ -26,13 +28,12 @@ from ..corrections import get_correction
 from ..parallel.stats import batch_means, sampler_mismatch, sequence_kl
 from ..step.estimate import estimate, shape_rewards, token_kl
 from ..step.forward import forward
-from ..step.generate import generate
 from ..step.records import TrainRows
-from ..step.score import score
-from ..step.overlong import apply_overlong
+from ..step.overlong import apply_overlong, eos_rate
 from ..step.update import update
 from .completions import due, sample_rows
 from .data import stream_digest
+from .draws import draw
 from .session import Session
 
 PHASES = ("generate", "score", "forward", "estimate", "update", "sync")
@@ -55,7 +56,7 @@ class PhaseClock:
         yield
         if self._cuda:
             torch.cuda.synchronize()
-        self.seconds[phase] = time.perf_counter() - start
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start  # rounds add up
 
     def row(self) -> dict[str, float]:
         return {f"time_{p}_s": self.seconds.get(p, 0.0) for p in PHASES}
@@ -77,11 +78,8 @@ def run_step(s: Session, step: int) -> StepReport:
     index = s.sampler.indices(step)
     mine = index[s.dist.shard(len(index))]  # this rank's prompts (all of them in a single process)
     rows = [s.task.train[i] for i in mine.tolist()]
-    with clock("generate"):
-        samples = generate(s.engine, s.tokenizer, rows, mine, cfg=cfg.rollout, seed=cfg.seed, step=step,
-                           device=device, logprobs=(plan.old_logprobs and plan.from_generation) or plan.behaviour, greedy=plan.greedy)
-    with clock("score"):
-        scores = s.dist.agree(lambda: score(samples, s.task.reward, device))
+    drawn = draw(s, step, rows, mine, clock)  # generate → score (in rounds with rollout.filter_groups)
+    samples, scores = drawn.samples, drawn.scores
     with clock("forward"):
         forwards = forward(s.stack, samples, plan, cfg.rollout.temperature)
     beta = s.kl.beta
@@ -112,14 +110,17 @@ def run_step(s: Session, step: int) -> StepReport:
         **mismatch,
         **overlong,
         **s.engine.stats(),
-        **batch_means(s.dist, scores.scores, scores.parts, mask, targets.advantages, targets.stats),
+        **batch_means(s.dist, drawn.stream_scores.scores, drawn.stream_scores.parts, mask, targets.advantages,
+                      targets.stats),
+        **drawn.stats,
+        "eos_rate": eos_rate(samples, stop_token_ids(s.tokenizer, s.stack.lm), s.dist),
         "prompts_seen": (step + 1) * cfg.rollout.prompts_per_step,
         "prompt_digest": f"{stream_digest(step * cfg.rollout.prompts_per_step, index):016x}",
         "step_time_s": time.perf_counter() - started,
         **clock.row(),
     }
     # the batch's first rows are rank 0's first rows: rank 0 logs the same samples as one process
-    logged = (sample_rows(step + 1, rows, samples.completions, scores.scores, samples.group_size,
+    logged = (sample_rows(step + 1, list(samples.rows), samples.completions, scores.scores, samples.group_size,
                           cfg.log.completions_rows, scores.parts or None)
               if s.dist.is_main and due(step + 1, cfg.log.completions_every) else [])
     return StepReport(row, logged)

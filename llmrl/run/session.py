@@ -23,6 +23,7 @@ from ..losses import resolve_policy_loss
 from ..models.load import load_base
 from ..models.prompts import apply_chat_setting, tokenize_prompts
 from ..models.stack import PolicyStack
+from ..models.tokenizer import stop_token_ids
 from ..parallel.distributed import SINGLE, DistContext
 from ..parallel.stats import shared_evaluation
 from ..step.forward import generation_logprobs
@@ -93,6 +94,10 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
     spec = resolve_estimator(config)
     check_engine(config.rollout.engine, config)
     resolve_policy_loss(config.update.policy_loss, config.update.policy_loss_module, config.update.dual_clip)
+    if config.rollout.filter_groups and dist.world_size > 1:
+        raise ConfigError("'rollout.filter_groups' runs in one process for now: each process would keep a "
+                          "different number of rows and their updates would fall out of step; drop --nproc/torchrun "
+                          "or the filter.")
     if config.rollout.prompts_per_step % dist.world_size:
         raise ConfigError(f"'rollout.prompts_per_step' ({config.rollout.prompts_per_step}) must be divisible by "
                           f"the number of processes ({dist.world_size}).")
@@ -150,14 +155,16 @@ def check_context(task: Task, tokenizer: PreTrainedTokenizerBase, model_config: 
 
 
 def run_eval(s: Session) -> EvalResult | None:
-    """Greedy accuracy and mean reward on the first `eval.size` held-out rows (shared by the processes)."""
+    """Greedy accuracy, mean reward and the task's metrics (+ eos_rate, response_len) on the first
+    `eval.size` held-out rows (shared by the processes)."""
     rows = s.task.eval[: s.config.eval.size]
     if not rows:
         return None
 
-    def on(part: Any) -> tuple[float, float, list[str]]:
+    def on(part: Any) -> tuple[float, float, list[str], dict[str, float]]:
         res = evaluate(s.engine, s.tokenizer, part, s.task.reward, max_new_tokens=s.config.rollout.max_new_tokens,
-                       success=s.task.success, batch_size=s.config.eval.batch_size)
-        return res.accuracy, res.reward_mean, res.completions
+                       success=s.task.success, batch_size=s.config.eval.batch_size, metrics=s.task.metrics,
+                       stop_ids=stop_token_ids(s.tokenizer, s.stack.lm))
+        return res.accuracy, res.reward_mean, res.completions, res.metrics
 
     return EvalResult(*shared_evaluation(s.dist, rows, on))

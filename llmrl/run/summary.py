@@ -14,8 +14,12 @@ from .memory import peak_device_mib, peak_rss_mib
 
 def summarize(config: Config, history: list[dict[str, Any]], before: EvalResult | None,
               after: EvalResult | None, wall: float, path: Path) -> dict[str, Any]:
-    """summary.json: the run's headline numbers. `*_last` average the last 10 % of steps (≥ 1)."""
+    """summary.json: the run's headline numbers. `*_last` average the last 10 % of steps (≥ 1);
+    `eval_<metric>_before/after` are the evaluations' `metrics` (EvalResult)."""
     tail = history[-max(1, len(history) // 10):]
+    names = sorted({*(before.metrics if before else {}), *(after.metrics if after else {})})
+    metrics = {f"eval_{k}_{when}": (r.metrics.get(k) if r else None)
+               for k in names for when, r in (("before", before), ("after", after))}
     mean = lambda key: (sum(r[key] for r in tail) / len(tail)) if tail and tail[0].get(key) is not None else None  # noqa: E731
     return {
         "algo": config.algo,
@@ -28,6 +32,7 @@ def summarize(config: Config, history: list[dict[str, Any]], before: EvalResult 
         "eval_accuracy_after": after.accuracy if after else None,
         "eval_reward_before": before.reward_mean if before else None,
         "eval_reward_after": after.reward_mean if after else None,
+        **metrics,  # eval_strict_accuracy_before/after (a task's metrics), eval_eos_rate_*, eval_response_len_*
         "reward_mean_first": history[0]["reward_mean"] if history else None,
         "reward_mean_last": mean("reward_mean"),
         "kl_last": mean("kl"),
@@ -41,7 +46,8 @@ def summarize(config: Config, history: list[dict[str, Any]], before: EvalResult 
 
 
 def eval_scalars(result: EvalResult) -> dict[str, Any]:
-    return {"eval_accuracy": result.accuracy, "eval_reward": result.reward_mean}
+    return {"eval_accuracy": result.accuracy, "eval_reward": result.reward_mean,
+            **{f"eval_{k}": v for k, v in result.metrics.items()}}
 
 
 def draw_curves(path: Path) -> None:

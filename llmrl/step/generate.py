@@ -38,15 +38,17 @@ def settings_of(cfg: RolloutConfig) -> SamplingSettings:
 @torch.no_grad()
 def generate(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, Any]],
              prompt_index: Tensor, *, cfg: RolloutConfig, seed: int, step: int, device: torch.device,
-             logprobs: bool = False, greedy: bool = False) -> Samples:
+             logprobs: bool = False, greedy: bool = False, first_sample: int = 0) -> Samples:
     """Sample G = cfg.num_generations responses to each of the B `rows`' prompts.
 
     `prompt_index` (B,): the rows' dataset indices (they key the samples). `logprobs`: ask the
-    engine for the behaviour log-probs; `greedy`: also the greedy response to each prompt."""
+    engine for the behaviour log-probs; `greedy`: also the greedy response to each prompt.
+    `first_sample`: the sample index of each prompt's first row (a later round of dynamic sampling
+    starts at d·G, so a prompt drawn again in a step draws new responses)."""
     g = cfg.num_generations
     ids, mask = encode_prompts(tokenizer, [r["prompt"] for r in rows], device)
     index = prompt_index.repeat_interleave(g)
-    keys = row_keys(seed, step, index, torch.arange(g).repeat(len(rows)))
+    keys = row_keys(seed, step, index, torch.arange(first_sample, first_sample + g).repeat(len(rows)))
     gen = engine.generate(GenerationRequest(ids, mask, g, settings_of(cfg), keys, logprobs=logprobs))
     # prompt_index lives on the model's device like every row field: the update indexes them all
     # with its minibatch rows, which live there

@@ -27,6 +27,16 @@ def truncated_rows(samples: Samples, stop_ids: int | Sequence[int], max_new_toke
     return (mask.sum(-1) >= max_new_tokens) & ~torch.isin(last, stop)
 
 
+def eos_rate(samples: Samples, stop_ids: int | Sequence[int], dist: DistContext = SINGLE) -> float:
+    """Share of the global batch's responses that end with a stop token (the rest were cut at
+    `rollout.max_new_tokens`): Σ_i [last token of i is a stop id] / N, logged as `eos_rate`."""
+    mask = samples.response_mask
+    last = samples.response_ids.gather(1, last_token_index(mask)[:, None]).squeeze(1)
+    stop = torch.as_tensor(stop_ids, device=last.device).reshape(-1)
+    ended, rows = dist.sum_floats([float((torch.isin(last, stop) & mask.any(-1)).sum()), float(mask.shape[0])])
+    return ended / rows if rows else 0.0
+
+
 def overlong_penalty(lengths: Tensor, max_new_tokens: int, buffer: float, penalty: float) -> Tensor:
     """R_length(|y|) = −penalty · clamp((|y| − (L_max − L_cache)) / L_cache, 0, 1), L_cache = buffer · L_max.
 

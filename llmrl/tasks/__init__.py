@@ -10,14 +10,14 @@ the reward of `reward.functions` (or the built-in task's own reward).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import ConfigError
 from ..models.load import register_builtin_model
 from ..models.tiny import ensure_tiny
-from ..rewards.builtin import numeric
+from ..rewards.builtin import first_number, numeric
 from . import arithmetic, chat_sum
 
 if TYPE_CHECKING:
@@ -29,13 +29,17 @@ RewardFn = Callable[..., Sequence[float]]
 @dataclass(frozen=True)
 class Task:
     """train/eval rows are dicts with a 'prompt' and any other columns the reward uses.
-    `success` is the reward at or above which a completion counts as correct (for accuracy)."""
+    `success` is the reward at or above which a completion counts as correct (for accuracy).
+    `metrics`: {name: fn} reward-like functions giving 1.0 or 0.0 per completion, whose mean every
+    evaluation reports besides the accuracy (chat_sum: `strict_accuracy`, only the first number
+    stated counts); they never enter training."""
 
     name: str
     train: list[dict[str, Any]]
     eval: list[dict[str, Any]]
     reward: RewardFn
     success: float = 1.0
+    metrics: dict[str, RewardFn] = field(default_factory=dict)
 
 
 def _arithmetic() -> Task:
@@ -46,7 +50,7 @@ def _arithmetic() -> Task:
 
 def _chat_sum() -> Task:
     train, held_out = chat_sum.splits()
-    return Task("chat_sum", train, held_out, numeric)
+    return Task("chat_sum", train, held_out, numeric, metrics={"strict_accuracy": first_number})
 
 
 TASKS: dict[str, Callable[[], Task]] = {"arithmetic": _arithmetic, "chat_sum": _chat_sum}
@@ -80,7 +84,7 @@ def task_from_config(config: "Config") -> Task:
     if not config.reward.functions:
         if task.reward is _no_reward:
             raise ConfigError("A dataset needs a reward: pass --reward NAME or set reward.functions "
-                              "(built-ins: exact_match, numeric, math, format, length_penalty).")
+                              "(built-ins: exact_match, numeric, first_number, math, format, length_penalty).")
         return task
     from ..models.load import DTYPES, resolve_device
     from ..rewards import build_reward, check_columns

@@ -1,0 +1,88 @@
+"""The generate and score verbs of a step, in rounds when dynamic sampling is on (`step/groups.py`).
+
+    round 0:  the stream's B prompts → generate → score        (always; its rewards are the step's
+                                                                 `reward_mean`, comparable across runs)
+    filter:   keep the groups whose G rewards differ            (rollout.filter_groups)
+    round d:  n_d more prompts (extra_prompts, seeded by (seed, step, d)), their samples keyed from
+              sample index d·G → generate → score → filter      (d = 1 … rollout.max_draws, while
+                                                                 fewer than B groups are kept)
+
+n_d = B − kept when nothing was kept yet is B, else min(B, ⌈(B − kept) · drawn / kept⌉): the
+rounds so far predict how many prompts yield the missing groups. When no round keeps a group the
+step trains on round 0 unfiltered (its update changes nothing a group estimator sees).
+Logged (only with filter_groups): ds_draws (extra rounds run), ds_prompts (prompts generated),
+groups_dropped (all-equal groups seen), groups_kept (groups trained on), reward_mean_trained.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager
+
+import torch
+
+from ..step.generate import generate
+from ..step.groups import extra_prompts, informative, join_samples, join_scores, select_groups
+from ..step.records import Samples, Scores
+from ..step.score import score
+from .session import Session
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """What the rounds left: the samples and scores the step trains on, round 0's scores (the
+    stream's prompts, unfiltered) and the dynamic-sampling stats ({} when it is off)."""
+
+    samples: Samples
+    scores: Scores
+    stream_scores: Scores
+    stats: dict[str, Any]
+
+
+def draw(s: Session, step: int, rows: list[dict[str, Any]], index: torch.Tensor,
+         clock: Callable[[str], ContextManager[None]]) -> Drawn:
+    """Round 0, and with `rollout.filter_groups` the filter and the refill rounds."""
+    cfg, plan, device = s.config, s.plan, s.stack.lm.device
+    g = cfg.rollout.num_generations
+
+    def one_round(rows: list[dict[str, Any]], index: torch.Tensor, d: int) -> tuple[Samples, Scores]:
+        with clock("generate"):
+            samples = generate(s.engine, s.tokenizer, rows, index, cfg=cfg.rollout, seed=cfg.seed, step=step,
+                               device=device, logprobs=(plan.old_logprobs and plan.from_generation) or plan.behaviour,
+                               greedy=plan.greedy, first_sample=d * g)
+        with clock("score"):
+            scores = s.dist.agree(lambda: score(samples, s.task.reward, device))
+        return samples, scores
+
+    first = one_round(rows, index, 0)
+    if not cfg.rollout.filter_groups:
+        return Drawn(first[0], first[1], first[1], {})
+    want, taken = len(rows), set(index.tolist())
+    kept: list[tuple[Samples, Scores]] = []
+    n_kept = dropped = extra = 0
+    drawn = want
+    current = first
+    for d in range(cfg.rollout.max_draws + 1):
+        if d > 0:
+            count = want if n_kept == 0 else min(want, math.ceil((want - n_kept) * drawn / n_kept))
+            more = extra_prompts(len(s.task.train), taken, count, cfg.seed, step, d)
+            if not len(more):
+                break
+            taken |= set(more.tolist())
+            drawn, extra = drawn + len(more), extra + 1
+            current = one_round([s.task.train[i] for i in more.tolist()], more, d)
+        ok = informative(current[1].scores, g)
+        dropped += int((~ok).sum())
+        chosen = ok.nonzero().squeeze(1)[: want - n_kept]
+        if len(chosen):
+            kept.append(select_groups(*current, chosen))
+            n_kept += len(chosen)
+        if n_kept >= want:
+            break
+    stats = {"ds_draws": extra, "ds_prompts": drawn, "groups_dropped": dropped, "groups_kept": n_kept}
+    if not kept:
+        return Drawn(first[0], first[1], first[1], {**stats, "reward_mean_trained": first[1].scores.mean().item()})
+    samples = join_samples([k[0] for k in kept], s.tokenizer.pad_token_id)
+    scores = join_scores([k[1] for k in kept])
+    return Drawn(samples, scores, first[1], {**stats, "reward_mean_trained": scores.scores.mean().item()})
