@@ -143,6 +143,14 @@ def test_prompts_per_step_must_split_over_the_processes(tiny_model_dir: Path, tm
         setup(config, NullReporter(), dist=DistContext(rank=0, world_size=2))
 
 
+def test_dynamic_sampling_is_refused_with_several_processes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    config = load_config(overrides={"model.name": str(tiny_model_dir), "task": "dist_digits", "out": str(tmp_path / "r"),
+                                    **COMMON, **CASES["grpo"], "rollout.filter_groups": True})
+    with pytest.raises(ConfigError, match=r"^'rollout.filter_groups' runs in one process for now"):
+        setup(config, NullReporter(), dist=DistContext(rank=0, world_size=2))
+    assert not (tmp_path / "r").exists()
+
+
 def test_nproc_under_torchrun_is_refused(monkeypatch) -> None:
     from typer.testing import CliRunner
 
