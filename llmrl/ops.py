@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from torch import Tensor
 
@@ -34,3 +36,10 @@ def whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
 def last_token_index(mask: Tensor) -> Tensor:
     """(N,) index of the last True of each row of a right-padded (N,T) mask; 0 for empty rows."""
     return (mask.long().sum(-1) - 1).clamp(min=0)
+
+
+def ends_with_stop(ids: Tensor, mask: Tensor, stop_ids: int | Sequence[int]) -> Tensor:
+    """(N,) bool: the right-padded response (N, T) is non-empty and its last token is a stop id."""
+    last = ids.gather(1, last_token_index(mask)[:, None]).squeeze(1)
+    stop = torch.as_tensor(stop_ids, dtype=last.dtype, device=last.device).reshape(-1)
+    return torch.isin(last, stop) & mask.any(-1)

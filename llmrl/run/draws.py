@@ -80,9 +80,10 @@ def draw(s: Session, step: int, rows: list[dict[str, Any]], index: torch.Tensor,
             n_kept += len(chosen)
         if n_kept >= want:
             break
-    stats = {"ds_draws": extra, "ds_prompts": drawn, "groups_dropped": dropped, "groups_kept": n_kept}
-    if not kept:
-        return Drawn(first[0], first[1], first[1], {**stats, "reward_mean_trained": first[1].scores.mean().item()})
-    samples = join_samples([k[0] for k in kept], s.tokenizer.pad_token_id)
-    scores = join_scores([k[1] for k in kept])
-    return Drawn(samples, scores, first[1], {**stats, "reward_mean_trained": scores.scores.mean().item()})
+    if kept:
+        samples, scores = join_samples([k[0] for k in kept], s.tokenizer.pad_token_id), join_scores([k[1] for k in kept])
+    else:  # nothing informative in any round: train on round 0 as drawn
+        samples, scores = first
+    stats = {"ds_draws": extra, "ds_prompts": drawn, "groups_dropped": dropped, "groups_kept": n_kept,
+             "reward_mean_trained": scores.scores.mean().item()}
+    return Drawn(samples, scores, first[1], stats)

@@ -11,6 +11,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from ..engines.base import GenerationEngine, GenerationRequest, SamplingSettings, row_keys
+from ..ops import ends_with_stop
 from ..step.generate import decode, encode_prompts
 from ..step.score import score_texts
 
@@ -47,16 +48,13 @@ def evaluate(
     token is one of `stop_ids`."""
     completions: list[str] = []
     lengths, ended = [], []
-    stop = torch.as_tensor(stop_ids, dtype=torch.long).reshape(-1)
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
         ids, mask = encode_prompts(tokenizer, [r["prompt"] for r in chunk], torch.device("cpu"))
         gen = engine.generate(GenerationRequest(ids, mask, 1, SamplingSettings(max_new_tokens), role=role))
         completions += decode(tokenizer, gen.response_ids, gen.response_mask)
-        n_tok = gen.response_mask.sum(-1).cpu()
-        last = gen.response_ids.cpu().gather(1, (n_tok - 1).clamp(min=0)[:, None]).squeeze(1)
-        lengths.append(n_tok)
-        ended.append((n_tok > 0) & torch.isin(last, stop))
+        lengths.append(gen.response_mask.sum(-1).cpu())
+        ended.append(ends_with_stop(gen.response_ids, gen.response_mask, stop_ids).cpu())
     rewards = score_texts(reward_fn, rows, completions) if rows else torch.zeros(0)
     n = max(len(rows), 1)
     extra = {name: float(score_texts(fn, rows, completions).sum()) / n for name, fn in (metrics or {}).items()} if rows else {}

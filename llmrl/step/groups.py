@@ -5,11 +5,11 @@ advantage A_i = R_i − mean_g R = 0 for every row: it moves no group estimator 
 forward and a backward. With `rollout.filter_groups` the step drops such groups before the
 forward; with `rollout.max_draws` = D > 0 it then draws more prompts, up to D extra rounds, until
 B informative groups are kept (DAPO's "over-sample and filter"; the surplus of the last round is
-left out). These are the pure pieces; `run/one_step.draw_informative` runs the rounds.
+left out). These are the pure pieces; `run/draws.draw` runs the rounds.
 
     informative(scores, G)        (B,) bool: max_g R − min_g R > 0
     select_groups(s, r, keep)     the Samples and Scores of the kept groups, padding trimmed
-    join(parts, pad_id)           several rounds' Samples (or Scores) as one batch
+    join_samples / join_scores    several rounds' Samples / Scores as one batch
     extra_prompts(...)            round d's prompts: a seeded permutation of the train rows not yet
                                   drawn in this step, keyed by (seed, step, d), so a resumed run draws
                                   the same ones

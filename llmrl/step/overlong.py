@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ..config import Config
-from ..ops import last_token_index
+from ..ops import ends_with_stop, last_token_index
 from ..parallel.distributed import SINGLE, DistContext
 from .records import Samples
 
@@ -22,18 +22,14 @@ from .records import Samples
 def truncated_rows(samples: Samples, stop_ids: int | Sequence[int], max_new_tokens: int) -> Tensor:
     """(N,) bool: the response has `max_new_tokens` tokens and its last token is not a stop token."""
     mask = samples.response_mask
-    last = samples.response_ids.gather(1, last_token_index(mask)[:, None]).squeeze(1)
-    stop = torch.as_tensor(stop_ids, device=last.device).reshape(-1)
-    return (mask.sum(-1) >= max_new_tokens) & ~torch.isin(last, stop)
+    return (mask.sum(-1) >= max_new_tokens) & ~ends_with_stop(samples.response_ids, mask, stop_ids)
 
 
 def eos_rate(samples: Samples, stop_ids: int | Sequence[int], dist: DistContext = SINGLE) -> float:
     """Share of the global batch's responses that end with a stop token (the rest were cut at
     `rollout.max_new_tokens`): Σ_i [last token of i is a stop id] / N, logged as `eos_rate`."""
-    mask = samples.response_mask
-    last = samples.response_ids.gather(1, last_token_index(mask)[:, None]).squeeze(1)
-    stop = torch.as_tensor(stop_ids, device=last.device).reshape(-1)
-    ended, rows = dist.sum_floats([float((torch.isin(last, stop) & mask.any(-1)).sum()), float(mask.shape[0])])
+    ended = ends_with_stop(samples.response_ids, samples.response_mask, stop_ids)
+    ended, rows = dist.sum_floats([float(ended.sum()), float(ended.shape[0])])
     return ended / rows if rows else 0.0
 
 
