@@ -16,7 +16,8 @@ from tests.helpers import is_timing
 
 ARGS = ["--steps", "8", "--set", "rollout.prompts_per_step=16", "--set", "update.minibatch_size=8",
         "--set", "eval.size=32", "--set", "eval.every=0", "--set", "checkpoint.every=2",
-        "--set", "lora.r=4", "--set", "lora.alpha=4", "--set", "update.lr_actor=1e-3"]
+        "--set", "lora.r=4", "--set", "lora.alpha=4", "--set", "update.lr_actor=1e-3",
+        "--set", "update.lr_schedule=cosine", "--set", "update.warmup_steps=2"]  # rates change across the kill
 
 
 def _cmd(model: Path, out: Path, *extra: str) -> list[str]:

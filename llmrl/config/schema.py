@@ -117,6 +117,13 @@ class UpdateConfig:
     lr_actor: float = opt(2e-5, "AdamW learning rate of the actor adapter", gt=0)
     lr_critic: float = opt(1e-4, "AdamW learning rate of the critic adapter and value head", gt=0)
     weight_decay: float = opt(0.0, "AdamW weight decay", min=0)
+    lr_schedule: str = opt(
+        "constant", "learning-rate factor over the run's steps (both roles): 'constant' 1; 'linear' "
+        "(S − s)/(S − W) after warm-up, TRL's default; 'cosine' ½(1 + cos(π (s − W)/(S − W))); s = 0-based step, "
+        "S = steps, W = update.warmup_steps",
+        choices=("constant", "linear", "cosine"),
+    )
+    warmup_steps: int = opt(0, "steps of linear warm-up, (s + 1)/(W + 1), before update.lr_schedule", min=0)
     clip_eps: float = opt(0.2, "PPO ratio clip ε (low side)", min=0)
     clip_eps_high: float | None = opt(None, "upper ratio clip (clip-higher); default: clip_eps", min=0)
     dual_clip: float | None = opt(None, "dual-clip constant c > 1 for negative advantages", gt=1)

@@ -6,6 +6,7 @@
                                                        #  with rollout.filter_groups)
     forwards  = forward(stack, samples, plan)          # old / ref log-probs, values, kept hidden state
     targets   = estimate(estimator, shape_rewards(…))  # advantages, returns (registry, by name)
+    lr        = set_learning_rates(opts, step)         # update.lr_schedule: a pure function of the step
     result    = update(stack, rows, targets)           # PPO epochs × minibatches, actor and critic passes
     engine.sync(stack)                                 # the actor's weights changed
     β         = kl_controller.update(KL)
@@ -30,6 +31,7 @@ from ..step.estimate import estimate, shape_rewards, token_kl
 from ..step.forward import forward
 from ..step.records import TrainRows
 from ..step.overlong import apply_overlong, eos_rate
+from ..step.schedule import set_learning_rates
 from ..step.update import update
 from .completions import due, sample_rows
 from .data import stream_digest
@@ -90,6 +92,7 @@ def run_step(s: Session, step: int) -> StepReport:
     rows_trained = TrainRows.of(samples, forwards)
     if trained is not None:  # update.mask_truncated: the truncated rows weigh nothing in the losses
         rows_trained = replace(rows_trained, response_mask=trained)
+    rates = set_learning_rates(s.opts, cfg.update, step, cfg.steps)
     with clock("update"):
         result = update(s.stack, s.opts, rows_trained, targets, cfg.update, cfg.kl, beta,
                         cfg.rollout.temperature, s.generator, s.dist, on_policy=not plan.old_logprobs,
@@ -107,6 +110,7 @@ def run_step(s: Session, step: int) -> StepReport:
         "kl": kl,
         "beta": beta,
         **result.stats,
+        **rates,
         **mismatch,
         **overlong,
         **s.engine.stats(),
