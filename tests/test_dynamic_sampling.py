@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from llmrl import load_config, read_run, train
 from llmrl.step.groups import extra_prompts, informative, join_samples, join_scores, select_groups
@@ -137,6 +138,19 @@ def test_filter_trains_only_on_groups_whose_rewards_differ(tiny_model_dir: Path,
     assert [[r["completion"] for r in g] for g in unfiltered] == [[r["completion"] for r in g] for g in _groups(logged, 1)]
     assert run.metrics[0]["reward_mean"] == plain.metrics[0]["reward_mean"]
     assert run.metrics[0]["groups_dropped"] == sum(len({r["reward"] for r in g}) == 1 for g in _groups(plain_logged, 1))
+
+
+def test_a_step_that_keeps_no_group_does_not_update(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # a reward of 0 for every completion: every group is all-equal, nothing is kept, no step updates,
+    # so the trained adapter is the initial one exactly (LoRA B = 0) and no loss was logged
+    path = tmp_path / "zero.py"
+    path.write_text("def zero(prompts, completions, **_):\n    return [0.0] * len(completions)\n")
+    run, _ = _run(tiny_model_dir, tmp_path / "z", f"{path}:zero", "rollout.filter_groups=true", "update.lr_actor=1e-2")
+    assert [r["groups_kept"] for r in run.metrics] == [0, 0] and all(r["time_update_s"] == 0 for r in run.metrics)
+    assert not any("policy_loss" in r for r in run.metrics)
+    weights = load_file(tmp_path / "z" / "adapters" / "actor" / "adapter_model.safetensors")
+    lora_b = [v for k, v in weights.items() if "lora_B" in k]
+    assert lora_b and all(torch.count_nonzero(v) == 0 for v in lora_b)
 
 
 def test_refill_draws_more_prompts_until_the_batch_is_full(tiny_model_dir: Path, tmp_path: Path, reward_file: str) -> None:

@@ -9,7 +9,8 @@
 
 n_d = B − kept when nothing was kept yet is B, else min(B, ⌈(B − kept) · drawn / kept⌉): the
 rounds so far predict how many prompts yield the missing groups. When no round keeps a group the
-step trains on round 0 unfiltered (its update changes nothing a group estimator sees).
+step carries round 0 unfiltered to its metrics and skips the update (one_step.py: no optimizer
+step, so AdamW's momentum does not move the adapter on a batch without signal).
 Logged (only with filter_groups): ds_draws (extra rounds run), ds_prompts (prompts generated),
 groups_dropped (all-equal groups seen), groups_kept (groups trained on), reward_mean_trained.
 """

@@ -29,7 +29,7 @@ from ..corrections import get_correction
 from ..parallel.stats import batch_means, sampler_mismatch, sequence_kl
 from ..step.estimate import estimate, shape_rewards, token_kl
 from ..step.forward import forward
-from ..step.records import TrainRows
+from ..step.records import TrainRows, UpdateResult
 from ..step.overlong import apply_overlong, eos_rate
 from ..step.schedule import set_learning_rates
 from ..step.update import update
@@ -93,18 +93,23 @@ def run_step(s: Session, step: int) -> StepReport:
     if trained is not None:  # update.mask_truncated: the truncated rows weigh nothing in the losses
         rows_trained = replace(rows_trained, response_mask=trained)
     rates = set_learning_rates(s.opts, cfg.update, step, cfg.steps)
-    with clock("update"):
-        result = update(s.stack, s.opts, rows_trained, targets, cfg.update, cfg.kl, beta,
-                        cfg.rollout.temperature, s.generator, s.dist, on_policy=not plan.old_logprobs,
-                        critic_values=forwards.value_graph)
-    with clock("sync"):
-        s.engine.sync(s.stack)
+    if drawn.stats.get("groups_kept") == 0:  # dynamic sampling kept no group: nothing to learn from
+        result = UpdateResult({"skipped_updates": 0.0})  # no optimizer step (AdamW's moments untouched),
+        # logged as groups_kept 0; skipped_updates counts only passes dropped for a non-finite loss
+    else:
+        with clock("update"):
+            result = update(s.stack, s.opts, rows_trained, targets, cfg.update, cfg.kl, beta,
+                            cfg.rollout.temperature, s.generator, s.dist, on_policy=not plan.old_logprobs,
+                            critic_values=forwards.value_graph)
+        with clock("sync"):
+            s.engine.sync(s.stack)
     old = forwards.old_logprobs if forwards.old_logprobs is not None else result.old_logprobs
     mask = samples.response_mask
     kl = sequence_kl(s.dist, token_kl(old, forwards.ref_logprobs, mask, "k1"), mask)
     if kl is not None:
         s.kl.update(kl, samples.n * s.dist.world_size)
-    mismatch = {} if rows_trained.behaviour_logprobs is None else _sampler_mismatch(s, rows_trained, old)
+    mismatch = ({} if rows_trained.behaviour_logprobs is None or old is None
+                else _sampler_mismatch(s, rows_trained, old))
     row = {
         "step": step + 1,
         "kl": kl,
