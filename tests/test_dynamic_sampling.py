@@ -128,6 +128,7 @@ def test_filter_trains_only_on_groups_whose_rewards_differ(tiny_model_dir: Path,
         groups = _groups(logged, step)
         assert row["ds_draws"] == 0 and row["ds_prompts"] == B
         assert row["groups_kept"] + row["groups_dropped"] == B and row["groups_kept"] == len(groups) > 0
+        assert row["kept_share"] == row["groups_kept"] / B  # the loss scale of rollout.filter_scale
         # every trained group has an answer ≥ 100 and two different rewards; no such group was dropped
         assert all(int(g[0]["answer"]) >= 100 and len({r["reward"] for r in g}) == 2 for g in groups)
         assert row["reward_mean_trained"] == pytest.approx(sum(r["reward"] for g in groups for r in g) / (G * len(groups)), abs=1e-6)
@@ -182,6 +183,7 @@ def test_resumed_refill_run_matches_an_uninterrupted_one(tiny_model_dir: Path, t
     (["--algo", "grpo", "--set", "rollout.num_generations=1", "--set", "rollout.filter_groups=true"],
      "'rollout.filter_groups' drops groups whose rewards are all equal, which needs rollout.num_generations ≥ 2"),
     (["--set", "rollout.max_draws=2"], "'rollout.max_draws' (2) refills the groups rollout.filter_groups drops"),
+    (["--set", "rollout.filter_scale=true"], "'rollout.filter_scale' scales the loss by the share of groups"),
 ])
 def test_bad_dynamic_sampling_settings_are_refused(tiny_model_dir: Path, tmp_path: Path, sets: list[str], message: str) -> None:
     out = tmp_path / "run"

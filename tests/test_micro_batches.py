@@ -70,7 +70,8 @@ class RecordingAdamW(torch.optim.AdamW):
 
 
 def _train(algo: str, micro: int | None, minibatch: int, epochs: int, agg: str,
-           dtype: torch.dtype = torch.float64) -> tuple[dict[str, torch.Tensor], dict[str, RecordingAdamW]]:
+           dtype: torch.dtype = torch.float64, actor_scale: float = 1.0,
+           max_grad_norm: float | None = 1.0) -> tuple[dict[str, torch.Tensor], dict[str, RecordingAdamW]]:
     """Reset the stack to its initial weights, run `update` once: (trainable weights, optimizers)."""
     stack, initial, batch, targets, config = _fixture(algo, dtype)
     named = dict(stack.named_parameters())
@@ -78,11 +79,12 @@ def _train(algo: str, micro: int | None, minibatch: int, epochs: int, agg: str,
         for name, value in initial.items():
             named[name].copy_(value)
     cfg = config.update.__class__(**{**config.update.__dict__, "micro_batch_size": micro,
-                                     "minibatch_size": minibatch, "epochs": epochs, "loss_agg": agg})
+                                     "minibatch_size": minibatch, "epochs": epochs, "loss_agg": agg,
+                                     "max_grad_norm": max_grad_norm})
     opts = {role: RecordingAdamW(stack.parameters_of(role), lr=opt.defaults["lr"], weight_decay=cfg.weight_decay)
             for role, opt in make_optimizers(stack, cfg).items()}
     update(stack, opts, batch, targets, cfg, config.kl, config.kl.beta,
-           config.rollout.temperature, torch.Generator().manual_seed(7))
+           config.rollout.temperature, torch.Generator().manual_seed(7), actor_scale=actor_scale)
     return trainable_state(stack), opts
 
 
@@ -125,3 +127,15 @@ def test_both_roles_are_covered() -> None:
     assert any(".critic." in k for k in _fixture("ppo")[1]) and any(k.startswith("value_head") for k in _fixture("ppo")[1])
     assert _train("ppo", 3, 8, 1, "token-mean")[1].keys() == {"actor", "critic"}
     assert not any(".critic." in k for k in _fixture("grpo")[1])
+
+
+def test_actor_scale_scales_the_actor_gradient_only() -> None:
+    """rollout.filter_scale: a kept share of 1/4 makes every actor gradient a quarter (float64, no
+    clipping: d(s·L)/dθ = s·dL/dθ exactly up to rounding); the critic's gradient is untouched."""
+    _, plain = _train("ppo", None, 8, 1, "token-mean", actor_scale=1.0, max_grad_norm=None)
+    _, scaled = _train("ppo", None, 8, 1, "token-mean", actor_scale=0.25, max_grad_norm=None)
+    for role, factor in (("actor", 0.25), ("critic", 1.0)):
+        first_plain, first_scaled = plain[role].seen[0], scaled[role].seen[0]
+        assert len(first_plain) == len(first_scaled) > 0 and max(float(g.abs().max()) for g in first_plain) > 1e-3
+        for a, b in zip(first_scaled, first_plain):
+            torch.testing.assert_close(a, factor * b, atol=1e-12, rtol=0)

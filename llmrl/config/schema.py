@@ -80,6 +80,11 @@ class RolloutConfig:
     max_draws: int = opt(
         0, "with filter_groups: at most this many extra rounds of prompts are generated to refill the batch "
         "to B informative groups (0: train on the groups left); logged as ds_draws", min=0)
+    filter_scale: bool = opt(
+        False, "with filter_groups: scale the actor's loss by the kept share of the batch, kept groups / B "
+        "(logged as kept_share), as if the dropped groups were the zero-advantage rows they are; without a "
+        "refill a step that keeps 1 group of 4 then moves the adapter about a quarter as far instead of a full "
+        "AdamW step on G samples")
     generation_logprobs: bool = opt(
         True, "take log π_old of the drawn tokens from the decoding logits instead of a second no-grad "
         "forward of the actor (same float32 math; float16/bfloat16 models always use the forward)",

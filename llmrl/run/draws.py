@@ -12,7 +12,8 @@ rounds so far predict how many prompts yield the missing groups. When no round k
 step carries round 0 unfiltered to its metrics and skips the update (one_step.py: no optimizer
 step, so AdamW's momentum does not move the adapter on a batch without signal).
 Logged (only with filter_groups): ds_draws (extra rounds run), ds_prompts (prompts generated),
-groups_dropped (all-equal groups seen), groups_kept (groups trained on), reward_mean_trained.
+groups_dropped (all-equal groups seen), groups_kept (groups trained on), kept_share (groups_kept / B,
+the actor loss's scale with rollout.filter_scale), reward_mean_trained.
 """
 
 from __future__ import annotations
@@ -86,5 +87,5 @@ def draw(s: Session, step: int, rows: list[dict[str, Any]], index: torch.Tensor,
     else:  # nothing informative in any round: train on round 0 as drawn
         samples, scores = first
     stats = {"ds_draws": extra, "ds_prompts": drawn, "groups_dropped": dropped, "groups_kept": n_kept,
-             "reward_mean_trained": scores.scores.mean().item()}
+             "kept_share": n_kept / want, "reward_mean_trained": scores.scores.mean().item()}
     return Drawn(samples, scores, first[1], stats)

@@ -100,7 +100,8 @@ def run_step(s: Session, step: int) -> StepReport:
         with clock("update"):
             result = update(s.stack, s.opts, rows_trained, targets, cfg.update, cfg.kl, beta,
                             cfg.rollout.temperature, s.generator, s.dist, on_policy=not plan.old_logprobs,
-                            critic_values=forwards.value_graph)
+                            critic_values=forwards.value_graph,
+                            actor_scale=drawn.stats["kept_share"] if cfg.rollout.filter_scale else 1.0)
         with clock("sync"):
             s.engine.sync(s.stack)
     old = forwards.old_logprobs if forwards.old_logprobs is not None else result.old_logprobs

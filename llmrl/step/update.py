@@ -125,13 +125,15 @@ def _critic_loss(stack: PolicyStack, mb: TrainRows, returns: Tensor, cfg: Update
 def _pass(role: str, stack: PolicyStack, opt: torch.optim.Optimizer, batch: TrainRows, rows: Tensor,
           totals: dict[str, float], target: Tensor, cfg: UpdateConfig, loss_fn, keys: tuple[str, ...],
           moments: GradMoments | None = None, dist: DistContext = SINGLE, lockstep: int = 0,
-          fill_old: Tensor | None = None) -> dict[str, float]:
+          fill_old: Tensor | None = None, scale: float = 1.0) -> dict[str, float]:
     """Accumulate gradients over micro-batches of `rows` (this rank's rows of the minibatch, whose
     global token and row counts are `totals`), sum them over ranks, then one clipped optimizer step.
 
     `moments`, when given, records the finite pre-clip gradient (see grad_stats.py). `lockstep`
     (sharded base only): run zero-weight micro-batches until this many forwards/backwards ran.
-    `fill_old` (N, T): copy each micro-batch's old log-probs (an on-policy loss computes them) into it."""
+    `fill_old` (N, T): copy each micro-batch's old log-probs (an on-policy loss computes them) into it.
+    `scale`: the loss is multiplied by it before the backward (rollout.filter_scale); the logged
+    statistics are the unscaled ones."""
     opt.zero_grad(set_to_none=True)
     stats: dict[str, float] = defaultdict(float)
     finite = True
@@ -147,7 +149,7 @@ def _pass(role: str, stack: PolicyStack, opt: torch.optim.Optimizer, batch: Trai
                 fill_old[micro] = old.to(fill_old.dtype)
             finite &= bool(torch.isfinite(loss))
             if finite or dist.lockstep:  # a sharded backward is a collective: run it (its grads are dropped)
-                loss.backward()
+                (loss * scale if scale != 1.0 else loss).backward()
             for k, v in s.items():
                 stats[k] += v
         if dist.active:
@@ -169,7 +171,8 @@ def _pass(role: str, stack: PolicyStack, opt: torch.optim.Optimizer, batch: Trai
 
 def update(stack: PolicyStack, opts: dict[str, torch.optim.Optimizer], batch: TrainRows, targets: Targets,
            cfg: UpdateConfig, kl: KLConfig, beta: float, temperature: float, generator: torch.Generator,
-           dist: DistContext = SINGLE, on_policy: bool = False, critic_values: Tensor | None = None) -> UpdateResult:
+           dist: DistContext = SINGLE, on_policy: bool = False, critic_values: Tensor | None = None,
+           actor_scale: float = 1.0) -> UpdateResult:
     """Fit the actor (and critic) to one step's rows; returns minibatch-averaged statistics plus the
     actor's gradient noise across minibatches (grad_stats.py).
 
@@ -179,7 +182,8 @@ def update(stack: PolicyStack, opts: dict[str, torch.optim.Optimizer], batch: Tr
     provides log π_old, detached, returned in `UpdateResult.old_logprobs` (for the logged KL);
     with LoRA dropout that forward's mask is in it, and the ratio is still exactly 1.
     `critic_values` (N, T) with graph (`Forwards.value_graph`, one pass of all rows only): the critic
-    pass runs first and backpropagates through these values instead of a new forward."""
+    pass runs first and backpropagates through these values instead of a new forward.
+    `actor_scale` multiplies the actor's loss (rollout.filter_scale: the kept share of the batch)."""
     history: dict[str, list[float]] = defaultdict(list)
     moments = GradMoments()
     actor_fn = lambda mb, adv, totals, _: _actor_loss(stack, mb, adv, cfg, kl, beta, temperature, totals, on_policy)  # noqa: E731
@@ -196,7 +200,8 @@ def update(stack: PolicyStack, opts: dict[str, torch.optim.Optimizer], batch: Tr
             mine = dist.local_rows(rows, batch.n)
             most = micros(rows)
             actor = lambda: _pass("actor", stack, opts["actor"], batch, mine, totals, targets.advantages,  # noqa: E731
-                                  cfg, actor_fn, ACTOR_STATS, moments, dist, most, fill_old=computed)
+                                  cfg, actor_fn, ACTOR_STATS, moments, dist, most, fill_old=computed,
+                                  scale=actor_scale)
             critic = lambda: _pass("critic", stack, opts["critic"], batch, mine, totals, targets.returns,  # noqa: E731
                                    cfg, critic_fn, CRITIC_STATS, None, dist, most)
             with_critic = "critic" in opts and targets.returns is not None
