@@ -84,7 +84,7 @@ def draw(s: Session, step: int, rows: list[dict[str, Any]], index: torch.Tensor,
             break
     if kept:
         samples, scores = join_samples([k[0] for k in kept], s.tokenizer.pad_token_id), join_scores([k[1] for k in kept])
-    else:  # nothing informative in any round: train on round 0 as drawn
+    else:  # nothing informative in any round: round 0 as drawn, for the metrics (the update is skipped)
         samples, scores = first
     stats = {"ds_draws": extra, "ds_prompts": drawn, "groups_dropped": dropped, "groups_kept": n_kept,
              "kept_share": n_kept / want, "reward_mean_trained": scores.scores.mean().item()}
