@@ -11,7 +11,7 @@ each step; rank 0 alone reports and writes the run folder.
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Iterator
 
 from ..config import Config
@@ -47,13 +47,14 @@ def _train(config: Config, reporter: Reporter, overwrite: bool, resume: bool, di
     check_available(config.log.report_to)
     s = setup(config, reporter, overwrite, resume, dist)
     start, elapsed = 0, 0.0
-    reporter.start(config, role_costs(s.stack) + engine_costs(s.engine), s.folder.path)
-    restored = restore(s) if resume else None
-    if restored is not None:
-        start, before, elapsed = restored
-        reporter.resumed(start)
-    else:
-        before = _first_eval(s)
+    with nullcontext() if resume else _nothing_trained_yet(s):
+        reporter.start(config, role_costs(s.stack) + engine_costs(s.engine), s.folder.path)
+        restored = restore(s) if resume else None
+        if restored is not None:
+            start, before, elapsed = restored
+            reporter.resumed(start)
+        else:
+            before = run_eval(s)
     reporter.evaluated(0, before)
     trackers = open_trackers(config, s.folder.path, start) if s.dist.is_main else Trackers([])
     if before is not None and start == 0:
@@ -76,10 +77,11 @@ def _train(config: Config, reporter: Reporter, overwrite: bool, resume: bool, di
     return _finish(s, reporter, trackers, progress, before, wall)
 
 
-def _first_eval(s: Session) -> EvalResult | None:
-    """The evaluation before training; Ctrl-C during it says how to start the run again."""
+@contextmanager
+def _nothing_trained_yet(s: Session) -> Iterator[None]:
+    """A new run's start-up table and first evaluation: Ctrl-C there says how to start it again."""
     try:
-        return run_eval(s)
+        yield
     except KeyboardInterrupt:
         raise LLMRLError(f"Interrupted before the first step; nothing was trained. Start it again with: "
                          f"llmrl train --resume {s.folder.path}", exit_code=130) from None

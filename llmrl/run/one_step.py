@@ -29,10 +29,10 @@ from ..corrections import get_correction
 from ..parallel.stats import batch_means, sampler_mismatch, sequence_kl
 from ..step.estimate import estimate, shape_rewards, token_kl
 from ..step.forward import forward
-from ..step.records import TrainRows, UpdateResult
+from ..step.records import TrainRows
 from ..step.overlong import apply_overlong, eos_rate
 from ..step.schedule import set_learning_rates
-from ..step.update import update
+from ..step.update import no_update, update
 from .completions import due, sample_rows
 from .data import stream_digest
 from .draws import draw
@@ -94,8 +94,7 @@ def run_step(s: Session, step: int) -> StepReport:
         rows_trained = replace(rows_trained, response_mask=trained)
     rates = set_learning_rates(s.opts, cfg.update, step, cfg.steps)
     if drawn.stats.get("groups_kept") == 0:  # dynamic sampling kept no group: nothing to learn from
-        result = UpdateResult({"skipped_updates": 0.0})  # no optimizer step (AdamW's moments untouched),
-        # logged as groups_kept 0; skipped_updates counts only passes dropped for a non-finite loss
+        result = no_update()  # logged as groups_kept 0
     else:
         with clock("update"):
             result = update(s.stack, s.opts, rows_trained, targets, cfg.update, cfg.kl, beta,

@@ -169,6 +169,13 @@ def _pass(role: str, stack: PolicyStack, opt: torch.optim.Optimizer, batch: Trai
     return stats
 
 
+def no_update() -> UpdateResult:
+    """The record of a step with nothing to train on (dynamic sampling kept no group): no forward,
+    no backward, no optimizer step, so AdamW's moments stay as they were; `skipped_updates` counts
+    only passes dropped for a non-finite loss, so it is 0."""
+    return UpdateResult({"skipped_updates": 0.0})
+
+
 def update(stack: PolicyStack, opts: dict[str, torch.optim.Optimizer], batch: TrainRows, targets: Targets,
            cfg: UpdateConfig, kl: KLConfig, beta: float, temperature: float, generator: torch.Generator,
            dist: DistContext = SINGLE, on_policy: bool = False, critic_values: Tensor | None = None,
