@@ -228,11 +228,14 @@ def test_non_finite_stop_without_a_checkpoint_names_none(tiny_model_dir: Path, t
 def test_interrupt_during_the_first_evaluation_says_how_to_start_again(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "r"
     # 100 held-out prompts one at a time: the first evaluation takes seconds (~12 s on a 2-core CPU);
-    # config.yaml is the last file setup writes, so the signal lands in the evaluation. One CI run saw
-    # the run finish (exit 0) after a 0.5 s wait; the wait is now the 0.05 s poll alone.
+    # config.yaml is the last file setup writes, so the signal lands in the start-up table or the
+    # evaluation. The child gets SIGINT's default action back: a suite started in the background
+    # (`nohup … &`) hands its children SIGINT ignored, and Python then keeps ignoring it (the run
+    # finished with exit 0 in two such CI runs).
     first = subprocess.Popen([sys.executable, "-m", "llmrl", "train", "--model", str(tiny_model_dir), "--steps", "1",
                               "--out", str(out), *SMALL, "--set", "eval.size=100", "--set", "eval.batch_size=1"],
-                             env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                             env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     _wait_for(lambda: (out / "config.yaml").is_file(), first, poll=0.05)
     first.send_signal(signal.SIGINT)
     _, err = first.communicate(timeout=120)
