@@ -1,4 +1,4 @@
-"""Dynamic sampling (rollout.filter_groups, rollout.max_draws): step/groups.py and run/draws.py.
+"""Dynamic sampling (rollout.filter_groups, rollout.max_draws, rollout.oversample): step/groups.py and run/draws.py.
 
 Runs use a random tiny model and a reward that is 0 for every completion of a prompt whose answer
 is below 100 (such a group is always all-equal) and len(completion) mod 2 otherwise (such a group
@@ -169,6 +169,25 @@ def test_refill_draws_more_prompts_until_the_batch_is_full(tiny_model_dir: Path,
     assert strip(again.metrics) == strip(run.metrics)
 
 
+def test_oversample_fills_the_batch_from_one_wider_first_round(tiny_model_dir: Path, tmp_path: Path, reward_file: str) -> None:
+    over, over_logged = _run(tiny_model_dir, tmp_path / "o", reward_file, "rollout.filter_groups=true", "rollout.oversample=8")
+    plain, plain_logged = _run(tiny_model_dir, tmp_path / "p", reward_file, "rollout.filter_groups=true")
+    for row in over.metrics:
+        groups = _groups(over_logged, row["step"])
+        # one round of B + 8 = 16 prompts, no refill round; at most B groups are trained on, all informative
+        assert row["ds_draws"] == 0 and row["ds_prompts"] == B + 8 and row["groups_kept"] == len(groups) <= B
+        assert all(int(g[0]["answer"]) >= 100 and len({r["reward"] for r in g}) == 2 for g in groups)
+        assert len({json.dumps(g[0]["prompt"]) for g in groups}) == len(groups)  # no prompt twice
+    # step 1 (before any update): the stream's B prompts are those of the run without oversampling, so
+    # reward_mean is the same number, the stream's informative groups come first and unchanged, and
+    # the extra prompts' informative groups fill the rest of the batch
+    assert over.metrics[0]["reward_mean"] == plain.metrics[0]["reward_mean"]
+    stream = [[r["completion"] for r in g] for g in _groups(plain_logged, 1)]
+    first = [[r["completion"] for r in g] for g in _groups(over_logged, 1)]
+    assert first[: len(stream)] == stream and len(first) > len(stream)
+    assert over.metrics[0]["groups_kept"] > plain.metrics[0]["groups_kept"]
+
+
 def test_resumed_refill_run_matches_an_uninterrupted_one(tiny_model_dir: Path, tmp_path: Path, reward_file: str) -> None:
     sets = ("rollout.filter_groups=true", "rollout.max_draws=3", "checkpoint.every=1")
     whole, whole_logged = _run(tiny_model_dir, tmp_path / "w", reward_file, *sets, steps=3)
@@ -184,6 +203,7 @@ def test_resumed_refill_run_matches_an_uninterrupted_one(tiny_model_dir: Path, t
      "'rollout.filter_groups' drops groups whose rewards are all equal, which needs rollout.num_generations ≥ 2"),
     (["--set", "rollout.max_draws=2"], "'rollout.max_draws' (2) refills the groups rollout.filter_groups drops"),
     (["--set", "rollout.filter_scale=true"], "'rollout.filter_scale' scales the loss by the share of groups"),
+    (["--set", "rollout.oversample=4"], "'rollout.oversample' (4) draws extra prompts for the groups rollout.filter_groups drops"),
 ])
 def test_bad_dynamic_sampling_settings_are_refused(tiny_model_dir: Path, tmp_path: Path, sets: list[str], message: str) -> None:
     out = tmp_path / "run"

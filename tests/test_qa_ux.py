@@ -74,7 +74,7 @@ def test_the_built_in_default_run_is_unchanged() -> None:
     ppo = _resolved()
     assert ppo["model"]["name"] == "tiny" and ppo["steps"] == 400 and ppo["threads"] is None
     assert ppo["rollout"] == {"engine": "hf", "prompts_per_step": 512, "num_generations": 1, "max_new_tokens": 5, "temperature": 1.0,
-                              "top_p": 1.0, "filter_groups": False, "max_draws": 0, "filter_scale": False,
+                              "top_p": 1.0, "filter_groups": False, "max_draws": 0, "oversample": 0, "filter_scale": False,
                               "generation_logprobs": True}
     assert ppo["update"]["minibatch_size"] == 256 and ppo["update"]["lr_actor"] == 1e-3
     assert ppo["update"]["lr_schedule"] == "constant" and ppo["update"]["warmup_steps"] == 0

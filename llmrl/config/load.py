@@ -285,6 +285,9 @@ def _check_filter_groups(r: Any) -> None:
     if r.max_draws and not r.filter_groups:
         raise ConfigError(f"'rollout.max_draws' ({r.max_draws}) refills the groups rollout.filter_groups drops; "
                           "set rollout.filter_groups=true too.")
+    if r.oversample and not r.filter_groups:
+        raise ConfigError(f"'rollout.oversample' ({r.oversample}) draws extra prompts for the groups "
+                          "rollout.filter_groups drops; set rollout.filter_groups=true too.")
     if r.filter_scale and not r.filter_groups:
         raise ConfigError("'rollout.filter_scale' scales the loss by the share of groups rollout.filter_groups "
                           "keeps; set rollout.filter_groups=true too.")

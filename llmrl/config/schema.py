@@ -80,6 +80,10 @@ class RolloutConfig:
     max_draws: int = opt(
         0, "with filter_groups: at most this many extra rounds of prompts are generated to refill the batch "
         "to B informative groups (0: train on the groups left); logged as ds_draws", min=0)
+    oversample: int = opt(
+        0, "with filter_groups: generate this many more prompts beside the step's B in the first round's batch "
+        "and keep the first B informative groups, the stream's first (verl's gen_batch_size > train_batch_size); "
+        "one wider decode costs less than a refill round (rollout.max_draws); counted in ds_prompts", min=0)
     filter_scale: bool = opt(
         False, "with filter_groups: scale the actor's loss by the kept share of the batch, kept groups / B "
         "(logged as kept_share), as if the dropped groups were the zero-advantage rows they are; without a "
