@@ -9,7 +9,7 @@ steps of one token per row, each one forward of (rows, 1) against the cache: the
 `hf` engine (llmrl/engines/hf.py). The widths alternate inside every repetition, so a slow patch of
 a shared CPU hits them all; reported: the median ms per decoding step for each width and its ratio
 to the width 32 (4 prompts × 8 samples, the fast SmolLM2 recipe's batch). This is what
-`rollout.oversample` relies on: where a step is bound by per-layer overhead rather than by the rows,
+`rollout.oversample` relies on: where the skinny (rows × hidden) matmuls of a step run far below peak,
 a wider first round costs much less than a second round (docs/algorithms.md, dynamic sampling).
 """
 
