@@ -45,8 +45,8 @@ def train(config: Config, reporter: Reporter | None = None, overwrite: bool = Fa
 def _train(config: Config, reporter: Reporter, overwrite: bool, resume: bool, dist: DistContext) -> Run:
     t0 = time.perf_counter()
     check_available(config.log.report_to)
-    s = setup(config, reporter, overwrite, resume, dist)
     start, elapsed = 0, 0.0
+    s = setup(config, reporter, overwrite, resume, dist)  # writes config.yaml as its last act
     with nullcontext() if resume else _nothing_trained_yet(s):
         reporter.start(config, role_costs(s.stack) + engine_costs(s.engine), s.folder.path)
         restored = restore(s) if resume else None

@@ -118,16 +118,19 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
         dist = shard_base(stack, dist)
     check_context(task, tokenizer, base.config, config.rollout.max_new_tokens)
     engine = build_engine(config.rollout.engine, stack=stack, tokenizer=tokenizer, config=config, dist=dist)
-    if not resume:
-        folder.write_config(config)
-    else:  # a run extended with --steps records its new length: config.yaml stays the recipe of the run
-        dist.main_only(lambda: _record_steps(folder, config))
-    return Session(
+    session = Session(
         config, task, tokenizer, stack, engine, spec, plan_for(config, spec, stack, getattr(engine, "own_weights", False)), make_optimizers(stack, config.update),
         KLController(config.kl.beta, config.kl.adaptive, config.kl.target, config.kl.horizon),
         PromptSampler(len(task.train), config.rollout.prompts_per_step, config.seed), folder,
         torch.Generator().manual_seed(config.seed + 1), dist,
     )
+    # config.yaml last: from the moment it exists the caller's Ctrl-C handler says how to resume
+    # (loop._nothing_trained_yet), so nothing slow may run between this write and the return
+    if not resume:
+        folder.write_config(config)
+    else:  # a run extended with --steps records its new length: config.yaml stays the recipe of the run
+        dist.main_only(lambda: _record_steps(folder, config))
+    return session
 
 
 def _record_steps(folder: RunFolder, config: Config) -> None:
