@@ -13,8 +13,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache
-
+from ..models.decoding import ReservedCache, skinny_head
 from ..models.prefix import distinct_prompts, shared_prefill, with_cache
 from ..models.stack import PolicyStack, tempered, token_logprobs
 from ..models.tokenizer import stop_token_ids
@@ -86,34 +85,35 @@ def generate(
     model = stack.lm
     attention = prompt_mask.long()
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache()
+    cache = ReservedCache(max_new_tokens)  # room for every new token: no torch.cat per token
     groups = distinct_prompts(prompt_ids, prompt_mask) if stack.share_prompts else None
-    logits = shared_prefill(model, prompt_ids, attention, positions, cache, groups)
-    n = prompt_ids.shape[0]
-    done = torch.zeros(n, dtype=torch.bool, device=prompt_ids.device)
-    stop = torch.as_tensor(eos_id, device=prompt_ids.device).reshape(-1)
-    tokens, masks, lps = [], [], []
-    position = positions[:, -1:]
-    for t in range(max_new_tokens):
-        u = None if uniforms is None else uniforms[:, t]
-        token = pick_tokens(logits[:, -1].float(), temperature, top_p, u)
-        token = torch.where(done, torch.full_like(token, pad_id), token)
-        if logprobs:
-            lp = token_logprobs(tempered(logits[:, -1], temperature), token)
-            lps.append(torch.where(done, torch.zeros_like(lp), lp))
-        masks.append(~done)
-        tokens.append(token)
-        done = done | torch.isin(token, stop)
-        finished = bool(done.all())
-        if (finished if all_done is None else all_done(finished)) or t == max_new_tokens - 1:
-            break
-        attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
-        position = position + 1
-        logits = model(
-            input_ids=token[:, None], attention_mask=attention, position_ids=position, **with_cache(model, cache)
-        ).logits
-    return Generation(torch.stack(tokens, dim=1), torch.stack(masks, dim=1),
-                      torch.stack(lps, dim=1) if logprobs else None)
+    with skinny_head(model):  # the (N, 1, V) decoding logits as W · xᵀ (models/decoding.py)
+        logits = shared_prefill(model, prompt_ids, attention, positions, cache, groups)
+        n = prompt_ids.shape[0]
+        done = torch.zeros(n, dtype=torch.bool, device=prompt_ids.device)
+        stop = torch.as_tensor(eos_id, device=prompt_ids.device).reshape(-1)
+        tokens, masks, lps = [], [], []
+        position = positions[:, -1:]
+        for t in range(max_new_tokens):
+            u = None if uniforms is None else uniforms[:, t]
+            token = pick_tokens(logits[:, -1].float(), temperature, top_p, u)
+            token = torch.where(done, torch.full_like(token, pad_id), token)
+            if logprobs:
+                lp = token_logprobs(tempered(logits[:, -1], temperature), token)
+                lps.append(torch.where(done, torch.zeros_like(lp), lp))
+            masks.append(~done)
+            tokens.append(token)
+            done = done | torch.isin(token, stop)
+            finished = bool(done.all())
+            if (finished if all_done is None else all_done(finished)) or t == max_new_tokens - 1:
+                break
+            attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
+            position = position + 1
+            logits = model(
+                input_ids=token[:, None], attention_mask=attention, position_ids=position, **with_cache(model, cache)
+            ).logits
+        return Generation(torch.stack(tokens, dim=1), torch.stack(masks, dim=1),
+                          torch.stack(lps, dim=1) if logprobs else None)
 
 
 @dataclass

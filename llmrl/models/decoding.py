@@ -1,0 +1,107 @@
+"""Two decode-time savings for the `hf` engine's loop of (N, 1) forwards, each exact on its own terms.
+
+1. `ReservedCache`: transformers' `DynamicCache` grows every layer's keys and values with
+   `torch.cat` at each token, so decoding T tokens after a P-token prompt copies
+   O(N · heads · (P + T) · d) per layer per token. Here each layer writes into a buffer with room
+   for `reserve` more positions and hands out views of its filled part: the same values, so the
+   attention reads the same numbers, and no copy of the past is made until the room runs out
+   (or `reorder_cache` gathers rows, after a shared-prompt prefill).
+
+2. `skinny_head`: the LM head of an (N, 1, H) decoding step is an (N × H) · (H × V) product with
+   N ≪ V (32 × 576 against 49,152 columns for SmolLM2). MKL's float32 GEMM runs that shape about
+   1.5× faster as W · xᵀ, (V × H) · (H × N), than as x · Wᵀ (`bench/decode_kernels.py`); the
+   result is transposed back into a contiguous (N, 1, V) tensor. Each logit is the same dot product
+   of H terms, only computed through the other operand order.
+
+Both are used only by the `hf` engine's `generate`; training forwards (many rows) keep the plain
+paths.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+from torch import Tensor, nn
+from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
+
+SKINNY_ROWS = 256  # above this many rows the plain x · Wᵀ is as fast (bench/decode_kernels.py)
+
+
+class ReservedLayer(DynamicLayer):
+    """A `DynamicLayer` whose keys and values are views of (N, heads, capacity, d) buffers.
+
+    `keys`/`values` are always `buffer[:, :, :length]`; an update that fits writes in place, one
+    that does not (first use, more rows after `reorder_cache`, or no room left) allocates a buffer
+    of length + new + `reserve` positions and copies the filled part once."""
+
+    def __init__(self, reserve: int) -> None:
+        super().__init__()
+        self.reserve = reserve
+        self._key_buffer: Tensor | None = None
+        self._value_buffer: Tensor | None = None
+        self._length = 0
+
+    def _fits(self, new: Tensor) -> bool:
+        buffer = self._key_buffer
+        return (buffer is not None and self.keys is not None and self.keys.data_ptr() == buffer.data_ptr()
+                and self.keys.shape[-2] == self._length and buffer.shape[0] == new.shape[0]
+                and self._length + new.shape[-2] <= buffer.shape[-2])
+
+    def _grow(self, key_states: Tensor, value_states: Tensor) -> None:
+        filled = self.get_seq_length()
+        shape = (*key_states.shape[:-2], filled + key_states.shape[-2] + self.reserve, key_states.shape[-1])
+        self._key_buffer = key_states.new_empty(shape)
+        self._value_buffer = value_states.new_empty((*shape[:-1], value_states.shape[-1]))
+        if filled:
+            self._key_buffer[:, :, :filled] = self.keys
+            self._value_buffer[:, :, :filled] = self.values
+        self._length = filled
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
+        """Append (N, heads, t, d) keys and values; return the filled (N, heads, length, d) views."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if not self._fits(key_states):
+            self._grow(key_states, value_states)
+        assert self._key_buffer is not None and self._value_buffer is not None
+        end = self._length + key_states.shape[-2]
+        self._key_buffer[:, :, self._length:end] = key_states
+        self._value_buffer[:, :, self._length:end] = value_states
+        self._length = end
+        self.keys, self.values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
+        return self.keys, self.values
+
+
+class ReservedCache(DynamicCache):
+    """A `DynamicCache` of `ReservedLayer`s, each with room for `reserve` more positions."""
+
+    def __init__(self, reserve: int) -> None:
+        Cache.__init__(self, layer_class_to_replicate=lambda: ReservedLayer(reserve))
+
+
+def skinny_linear(head: nn.Linear, x: Tensor) -> Tensor:
+    """head(x) for x (..., H) with few rows, as (W · xᵀ)ᵀ made contiguous: (..., V)."""
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.shape[0] > SKINNY_ROWS or rows.device.type != "cpu" or head.weight.dtype != torch.float32:
+        return nn.Linear.forward(head, x)
+    out = torch.mm(head.weight, rows.t()).t()
+    if head.bias is not None:
+        out = out + head.bias
+    return out.contiguous().reshape(*x.shape[:-1], head.weight.shape[0])
+
+
+@contextmanager
+def skinny_head(model: nn.Module) -> Iterator[None]:
+    """Within the block, `model`'s output embedding (a plain `nn.Linear`) runs `skinny_linear`."""
+    head = model.get_output_embeddings()
+    if type(head) is not nn.Linear:
+        yield
+        return
+    head.forward = lambda x: skinny_linear(head, x)  # an instance attribute shadows the class method
+    try:
+        yield
+    finally:
+        del head.forward
