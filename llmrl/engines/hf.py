@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
+
 from ..models.decoding import ReservedCache, skinny_head
 from ..models.prefix import distinct_prompts, shared_prefill, with_cache
 from ..models.stack import PolicyStack, tempered, token_logprobs
