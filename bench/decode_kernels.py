@@ -13,16 +13,14 @@ logits at every step.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
-from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM, DynamicCache
+from decode_width import decode_bench_args, lora_model  # bench/ is on sys.path when run as a script
+from transformers import DynamicCache
 
 from llmrl.models.decoding import ReservedCache, skinny_head
 
@@ -46,22 +44,8 @@ def decode(model: torch.nn.Module, rows: int, tokens: int, fast: bool, seed: int
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="a local Hugging Face causal LM folder")
-    parser.add_argument("--rows", default="32,100", help="batch widths, comma-separated")
-    parser.add_argument("--tokens", type=int, default=20, help="decoding steps per measurement")
-    parser.add_argument("--reps", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32),
-                           LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
-    for name, p in model.named_parameters():
-        if "lora_B" in name:
-            torch.nn.init.normal_(p, std=0.01)
-    model.eval()
+    args = decode_bench_args(__doc__, "32,100", 4)
+    model = lora_model(args.model)
     decode(model, 8, 3, True, 0)  # warm-up
     result: dict = {"threads": args.threads, "tokens": args.tokens, "reps": args.reps, "rows": {}}
     for w in [int(x) for x in args.rows.split(",")]:

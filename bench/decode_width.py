@@ -44,23 +44,34 @@ def decode_ms(model: torch.nn.Module, rows: int, tokens: int, prompt_len: int, s
     return 1000 * statistics.median(times)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def decode_bench_args(doc: str, rows: str, reps: int) -> argparse.Namespace:
+    """The options both decoding benches take (this one and decode_kernels.py), parsed; threads set."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--model", required=True, help="a local Hugging Face causal LM folder")
-    parser.add_argument("--rows", default="16,32,48,64", help="batch widths, comma-separated")
+    parser.add_argument("--rows", default=rows, help="batch widths, comma-separated")
     parser.add_argument("--tokens", type=int, default=20, help="decoding steps per measurement")
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=reps)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32),
+    return args
+
+
+def lora_model(path: str) -> torch.nn.Module:
+    """The model in float32 with LoRA r=16 on q,k,v,o, B ~ N(0, 0.01²) so the adapter is not a no-op; eval mode."""
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
                            LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
     for name, p in model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.01)
-    model.eval()
+    return model.eval()
+
+
+def main() -> None:
+    args = decode_bench_args(__doc__, "16,32,48,64", 3)
+    model = lora_model(args.model)
     widths = [int(w) for w in args.rows.split(",")]
     decode_ms(model, widths[0], 3, 50, 0)  # warm-up
     runs: dict[int, list[float]] = {w: [] for w in widths}
