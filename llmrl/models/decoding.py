@@ -1,4 +1,4 @@
-"""Two decode-time savings for the `hf` engine's loop of (N, 1) forwards, each exact on its own terms.
+"""Two decode-time savings for the `hf` engine's loop of (N, 1) forwards.
 
 1. `ReservedCache`: transformers' `DynamicCache` grows every layer's keys and values with
    `torch.cat` at each token, so decoding T tokens after a P-token prompt copies
@@ -8,10 +8,11 @@
    (or `reorder_cache` gathers rows, after a shared-prompt prefill).
 
 2. `skinny_head`: the LM head of an (N, 1, H) decoding step is an (N × H) · (H × V) product with
-   N ≪ V (32 × 576 against 49,152 columns for SmolLM2). MKL's float32 GEMM runs that shape about
-   1.5× faster as W · xᵀ, (V × H) · (H × N), than as x · Wᵀ (`bench/decode_kernels.py`); the
+   N ≪ V (32 × 576 against 49,152 columns for SmolLM2). MKL's float32 GEMM runs that shape in
+   36 ms as W · xᵀ, (V × H) · (H × N), against 56 ms as x · Wᵀ (a microbenchmark, 2 threads); the
    result is transposed back into a contiguous (N, 1, V) tensor. Each logit is the same dot product
-   of H terms, only computed through the other operand order.
+   of H terms through the other operand order, which may round differently: the logits were
+   bit-identical at 16-100 rows on the CPU of docs/performance.md, not at 8 (bench/decode_kernels.py).
 
 Both are used only by the `hf` engine's `generate`; training forwards (many rows) keep the plain
 paths.
