@@ -26,7 +26,7 @@ def auto_switch(help: str) -> Any:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str = opt("tiny", "'tiny' (built-in), a Hugging Face hub id or a local model folder")
+    name: str = opt("tiny", "'tiny' (built-in), a Hugging Face hub id, a local model folder or a .gguf file")
     dtype: str = opt("float32", "weights dtype", choices=("float32", "bfloat16", "float16"))
     device: str = opt("cpu", "where to run", choices=("cpu", "cuda", "auto"))
     trust_remote_code: bool = opt(False, "let transformers run code shipped with the model")
