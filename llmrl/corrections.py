@@ -10,6 +10,13 @@ into a weight w ≥ 0 that multiplies each token's policy-gradient term (llmrl/s
 per-token tensors are (N, T) with a bool `mask` (True = trained token); masked positions never
 influence a result, whatever they hold, and get w = 0. Registered by name (`@register_correction`);
 each takes (log π_old, log μ, mask, C, (low, high)) and returns a `Correction`.
+
+The weighting corrections (tis, seq_tis) scale a token's term. The rejecting ones (token_mask,
+seq_mask; `config.schema.REJECTING_CORRECTIONS`) *drop* tokens or rows: `Correction.kept` says which
+stay, and the update removes the others from the batch (from every loss term and from the token
+and sequence counts the losses are normalised by), so a batch with a rejected row trains exactly as
+the batch without it. Zeroing their advantage instead would leave them in the counts, in the
+KL-in-loss and entropy terms and in GSPO's sequence ratio.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from .errors import ConfigError
 class Correction:
     weights: Tensor  # (N, T) float, detached, ≥ 0; 0 where masked
     truncated: Tensor  # (N, T) bool: tokens whose weight was truncated (cut to C) or masked (set to 0)
+    kept: Tensor | None = None  # (N, T) bool: a rejecting correction's tokens that stay in the batch; None: all
 
 
 CorrectionFn = Callable[[Tensor, Tensor, Tensor, float, tuple[float, float]], Correction]
@@ -60,9 +68,10 @@ def _log_ratio(old_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor) -
     return torch.where(mask, diff, torch.zeros_like(diff))
 
 
-def _result(weights: Tensor, truncated: Tensor, mask: Tensor) -> Correction:
-    """Zero the weights where masked; a masked position never counts as truncated."""
-    return Correction(torch.where(mask, weights, torch.zeros_like(weights)), truncated & mask)
+def _result(weights: Tensor, truncated: Tensor, mask: Tensor, keep: Tensor | None = None) -> Correction:
+    """Zero the weights where masked; a masked position never counts as truncated, nor as kept."""
+    return Correction(torch.where(mask, weights, torch.zeros_like(weights)), truncated & mask,
+                      None if keep is None else keep & mask)
 
 
 @register_correction("off")
@@ -95,19 +104,21 @@ def sequence_tis(old_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor,
 @register_correction("token_mask")
 def token_mask(old_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor, clip: float = 2.0,
                band: tuple[float, float] = (0.5, 2.0)) -> Correction:
-    """Token rejection: w_t = 1 if low ≤ ρ_t ≤ high else 0. `truncated`: the rejected tokens."""
+    """Token rejection: token t stays in the batch (w_t = 1) if low ≤ ρ_t ≤ high, else it is dropped
+    (w_t = 0, `kept` False). `truncated`: the rejected tokens."""
     log_ratio = _log_ratio(old_logprobs, behaviour_logprobs, mask)
     keep = (log_ratio >= math.log(band[0])) & (log_ratio <= math.log(band[1]))
-    return _result(keep.to(log_ratio.dtype), ~keep, mask)
+    return _result(keep.to(log_ratio.dtype), ~keep, mask, keep)
 
 
 @register_correction("seq_mask")
 def sequence_mask(old_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor, clip: float = 2.0,
                   band: tuple[float, float] = (0.5, 2.0)) -> Correction:
     """Sequence rejection by the geometric-mean ratio (verl's geo mask):
-    r_i = exp((1/|y_i|) Σ_t m_t log ρ_t);  w_i = 1 if low ≤ r_i ≤ high else 0, on every kept token of row i.
-    `truncated`: every kept token of a rejected row."""
+    r_i = exp((1/|y_i|) Σ_t m_t log ρ_t);  row i stays in the batch (w_i = 1 on its tokens) if
+    low ≤ r_i ≤ high, else it is dropped whole (w_i = 0, `kept` False). `truncated`: every token of a
+    rejected row."""
     log_ratio = _log_ratio(old_logprobs, behaviour_logprobs, mask)
     mean = log_ratio.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
     keep = ((mean >= math.log(band[0])) & (mean <= math.log(band[1]))).expand(mask.shape)
-    return _result(keep.to(log_ratio.dtype), ~keep, mask)
+    return _result(keep.to(log_ratio.dtype), ~keep, mask, keep)

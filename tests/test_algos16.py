@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from llmrl import load_config
 from llmrl.algos import preset_for
 from llmrl.cli import app
-from llmrl.config.load import on_policy_update
+from llmrl.config.on_policy import on_policy_update
 from llmrl.run.checkpoint import trainable_state
 from llmrl.step.estimate import estimate, shape_rewards
 from llmrl.step.forward import masked_logprobs

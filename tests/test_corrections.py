@@ -209,21 +209,100 @@ def test_tis_with_mu_equal_to_pi_old_is_bit_identical_to_off() -> None:
     assert not _same(_train(shifted, targets, "tis"), off)
 
 
-@pytest.mark.parametrize("on_policy", [False, True])
-def test_token_mask_removes_a_rejected_tokens_contribution_exactly(on_policy: bool) -> None:
-    _, _, rows, targets, _ = _fixture()
+def _sgd_step(rows, targets, cfg) -> dict[str, torch.Tensor]:
+    """Reset the weights, run one `update` with plain SGD at lr 1 and no gradient clipping: the change
+    of every actor parameter is then exactly −(its gradient)."""
+    stack, initial, _, _, config = _fixture()
+    named = dict(stack.named_parameters())
+    with torch.no_grad():
+        for name, value in initial.items():
+            named[name].copy_(value)
+    opts = {"actor": torch.optim.SGD(stack.parameters_of("actor"), lr=1.0)}
+    update(stack, opts, rows, targets, cfg, config.kl, 0.0, config.rollout.temperature, torch.Generator().manual_seed(7))
+    after = trainable_state(stack)
+    return {k: after[k] - initial[k] for k in initial if ".actor" in k}
+
+
+def _close_all(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], scale: float = 1.0) -> None:
+    for k in a:
+        torch.testing.assert_close(a[k], b[k] * scale, atol=1e-6, rtol=0, msg=k)
+
+
+def test_token_mask_drops_a_rejected_token_from_the_batch() -> None:
+    """One token rejected: a token-mean PPO loss over the n − 1 others. With A = 0 at that token instead
+    (what zeroing its weight did) the others' terms are the same but divided by n, so the gradient
+    with the token dropped is n/(n − 1) times the zeroed one, and not equal to it."""
+    _, _, rows, targets, config = _fixture()
     mask, adv = rows.response_mask, targets.advantages
     i, t = [int(x) for x in ((adv != 0) & mask).nonzero()[0]]
     # ρ = e^0.1 = 1.105 (in the band [0.5, 2]) on every token but (i, t), where ρ = e^2 = 7.39
     gap = torch.full_like(rows.old_logprobs, 0.1)
     gap[i, t] = 2.0
     mu = torch.where(mask, rows.old_logprobs - gap, 0.0)
-    masked = _train(dataclasses.replace(rows, behaviour_logprobs=mu), targets, "token_mask", on_policy)
+    cfg = dataclasses.replace(config.update, loss_agg="token-mean", max_grad_norm=None)
+    dropped = _sgd_step(dataclasses.replace(rows, behaviour_logprobs=mu), targets,
+                        dataclasses.replace(cfg, is_correction="token_mask"))
     zeroed = adv.clone()
     zeroed[i, t] = 0.0
-    by_hand = _train(rows, dataclasses.replace(targets, advantages=zeroed), "off", on_policy)
-    assert _same(masked, by_hand)
-    assert not _same(masked, _train(rows, targets, "off", on_policy))  # the token did contribute
+    by_hand = _sgd_step(rows, dataclasses.replace(targets, advantages=zeroed), dataclasses.replace(cfg, is_correction="off"))
+    n = int(mask.sum())
+    assert max(float(d.abs().max()) for d in dropped.values()) > 1e-4  # the update moved the actor
+    _close_all(dropped, by_hand, n / (n - 1))
+    with pytest.raises(AssertionError):
+        _close_all(dropped, by_hand)
+
+
+@pytest.mark.parametrize("loss", [("ppo", "token-mean"), ("ppo", "seq-mean-token-mean"),
+                                  ("gspo", "seq-mean-token-mean"), ("cispo", "seq-mean-token-sum")])
+def test_a_row_seq_mask_rejects_trains_exactly_as_the_batch_without_it(loss: tuple[str, str]) -> None:
+    """seq_mask rejects row r (geometric-mean ratio e^1.5 = 4.5 > 2): the update's gradient, with an
+    entropy bonus too, equals that of the same batch without row r (its token and sequence counts,
+    entropy, GSPO's ratio all leave with it)."""
+    _, _, rows, targets, config = _fixture()
+    mask, adv = rows.response_mask, targets.advantages
+    r = int(((adv != 0) & mask).any(-1).nonzero()[0])
+    gap = torch.full_like(rows.old_logprobs, 0.1)
+    gap[r] = 1.5
+    mu = torch.where(mask, rows.old_logprobs - gap, 0.0)
+    cfg = dataclasses.replace(config.update, policy_loss=loss[0], loss_agg=loss[1], max_grad_norm=None, ent_coef=0.01,
+                              clip_eps=0.2, clip_eps_high=0.2)
+    rejected = _sgd_step(dataclasses.replace(rows, behaviour_logprobs=mu), targets,
+                         dataclasses.replace(cfg, is_correction="seq_mask"))
+    others = torch.tensor([k for k in range(rows.n) if k != r])
+    without = _sgd_step(rows.select(others), dataclasses.replace(targets, advantages=adv[others]),
+                        dataclasses.replace(cfg, is_correction="off"))
+    assert max(float(d.abs().max()) for d in rejected.values()) > 1e-4
+    _close_all(rejected, without)
+
+
+def test_the_on_policy_shortcut_steps_aside_for_a_rejecting_correction_or_dropout_with_vllm(tmp_path: Path) -> None:
+    """log π_old from the update's own forward cannot serve a correction that must know the dropped
+    tokens before the first micro-batch, nor (with LoRA dropout) one that must compare μ with the
+    deterministic π_old: `auto` turns the shortcut off, `on` is refused."""
+    from llmrl.config.on_policy import exactly_on_policy
+
+    base = {"algo": "grpo", "rollout.prompts_per_step": 2, "rollout.num_generations": 4, "update.minibatch_size": 8,
+            "rollout.engine": "vllm"}
+    assert exactly_on_policy(load_config(overrides=base))  # tis without dropout: the update's forward is π_old
+    assert exactly_on_policy(load_config(overrides={**base, "rollout.engine": "hf", "update.is_correction": "seq_mask"}))
+    for extra in ({"update.is_correction": "seq_mask"}, {"update.is_correction": "token_mask"},
+                  {"lora.dropout": 0.1}, {"lora.dropout": 0.1, "update.is_correction": "seq_tis"}):
+        assert not exactly_on_policy(load_config(overrides={**base, **extra})), extra
+        with pytest.raises(ConfigError, match="needs it from a deterministic forward before the update"):
+            load_config(overrides={**base, **extra, "update.on_policy_logprobs": "on"})
+    assert exactly_on_policy(load_config(overrides={**base, "lora.dropout": 0.1, "update.is_correction": "off"}))
+    _, _, rows, targets, config = _fixture()
+    mu = torch.where(rows.response_mask, rows.old_logprobs - 0.1, 0.0)
+    with pytest.raises(ValueError, match="drops tokens"):
+        _train(dataclasses.replace(rows, behaviour_logprobs=mu), targets, "seq_mask", on_policy=True)
+
+
+def test_rejecting_corrections_are_the_ones_that_say_which_tokens_stay() -> None:
+    from llmrl.config.schema import REJECTING_CORRECTIONS
+
+    ones = torch.ones(2, 3, dtype=torch.bool)
+    for name, fn in CORRECTIONS.items():
+        assert (fn(torch.zeros(2, 3), torch.zeros(2, 3), ones).kept is not None) == (name in REJECTING_CORRECTIONS), name
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 import tests.dist_plugin  # noqa: F401  (registers the dist_digits task: a dense reward for a random model)
 from llmrl import load_config, read_run, train
 from llmrl.run.checkpoint import trainable_state
-from llmrl.config.load import on_policy_values
+from llmrl.config.on_policy import on_policy_values
 from llmrl.config.schema import LoraConfig
 from llmrl.step.estimate import estimate, shape_rewards
 from llmrl.step.records import StepPlan

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 import tests.dist_plugin  # noqa: F401  (registers dist_digits and dist_dying here too)
 from llmrl import load_config, read_run, train
 from llmrl.run.checkpoint import list_checkpoints
-from llmrl.config.load import on_policy_update
+from llmrl.config.on_policy import on_policy_update
 from llmrl.parallel.distributed import DistContext
 from llmrl.run.reporting import NullReporter
 from llmrl.run.session import setup

@@ -17,7 +17,7 @@ import torch
 
 from llmrl import load_config
 from llmrl.run.checkpoint import trainable_state
-from llmrl.config.load import on_policy_values
+from llmrl.config.on_policy import on_policy_values
 from llmrl.step.estimate import estimate, shape_rewards
 from llmrl.step.records import StepPlan
 from llmrl.run.session import resolve_estimator

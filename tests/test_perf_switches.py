@@ -22,7 +22,7 @@ import tests.dist_plugin  # noqa: F401  (registers the dist_digits task: a dense
 from llmrl import load_config, read_run, train
 from llmrl.algos import ALGOS
 from llmrl.run.checkpoint import trainable_state
-from llmrl.config.load import exactly_on_policy, on_policy_update
+from llmrl.config.on_policy import exactly_on_policy, on_policy_update
 from llmrl.step import forward as rollout_mod
 from llmrl.step.estimate import estimate, sequence_kl, shape_rewards
 from llmrl.step.records import StepPlan

@@ -20,6 +20,7 @@ import yaml
 
 from ..errors import ConfigError
 from .model_defaults import defaults_for_model
+from .on_policy import exactly_on_policy, not_on_policy, on_policy_values
 from .schema import Config, ModelConfig
 
 
@@ -305,11 +306,7 @@ def _check_consistency(config: Config) -> None:
     _check_is_band(config.update.is_band)
     _check_filter_groups(config.rollout)
     if config.update.on_policy_logprobs == "on" and not exactly_on_policy(config):
-        raise ConfigError(
-            "'update.on_policy_logprobs' needs one exactly on-policy update: update.epochs=1, "
-            f"update.minibatch_size={rows} (all rows of a step) and no KL in the reward (kl.placement=loss or kl.beta=0)"
-            + (", and kl.beta=0 with update.mask_truncated." if config.update.mask_truncated else ".")
-        )
+        raise ConfigError(not_on_policy(config, rows))
     if config.update.on_policy_values == "on" and not on_policy_values(config):
         raise ConfigError(
             "'update.on_policy_values' needs one update pass: update.epochs=1, "
@@ -347,41 +344,6 @@ def _check_is_band(band: list[float]) -> None:
         raise ConfigError(
             f"'update.is_band' must be [low, high] with 0 < low < 1 < high (a band around the ratio 1), got {band!r}."
         )
-
-
-def single_pass_update(config: Config) -> bool:
-    """One epoch of one minibatch holding all B·G rows of the step, run as one micro-batch: the
-    critic's update forward sees the same critic as the rollout, and its graph can wait for the
-    advantages (tied to the values) without holding more than one forward's activations."""
-    u = config.update
-    rows = config.rollout.prompts_per_step * config.rollout.num_generations
-    return u.epochs == 1 and u.minibatch_size >= rows and (u.micro_batch_size is None or u.micro_batch_size >= rows)
-
-
-def on_policy_values(config: Config) -> bool:
-    """`update.on_policy_values` resolved: 'auto'/'on' → `single_pass_update(config)` and a base that
-    is not sharded (its forwards are collectives in a fixed order); 'off' → False."""
-    return (config.update.on_policy_values != "off" and single_pass_update(config)
-            and not config.dist.shard_base)
-
-
-def exactly_on_policy(config: Config) -> bool:
-    """Whether every row's log π_old equals the detached log π of the update's own forward: one
-    epoch (update.epochs = 1) of one minibatch holding all B·G rows of the step, so the only
-    optimizer step comes after every forward, and no −β·KL_t in the reward (which needs log π_old
-    before the update, when the advantages are computed); nor `update.mask_truncated` with β > 0:
-    the update's forward skips the truncated rows, whose log π_old the logged KL needs."""
-    u, kl = config.update, config.kl
-    rows = config.rollout.prompts_per_step * config.rollout.num_generations
-    return (u.epochs == 1 and u.minibatch_size >= rows and not (kl.placement == "reward" and kl.beta > 0)
-            and not (u.mask_truncated and kl.beta > 0))
-
-
-def on_policy_update(config: Config) -> bool:
-    """`update.on_policy_logprobs` resolved: 'auto' and 'on' → `exactly_on_policy(config)` (load_config
-    refuses 'on' for an update that is not), 'off' → False. The one place the engine (rollout plan,
-    update) learns whether to skip the rollout's no-grad actor forward."""
-    return config.update.on_policy_logprobs != "off" and exactly_on_policy(config)
 
 
 def to_tree(config: Config) -> dict[str, Any]:

@@ -12,6 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+REJECTING_CORRECTIONS = ("token_mask", "seq_mask")
+"""The `update.is_correction` choices that drop tokens (rows) from the batch rather than weight them
+(llmrl/corrections.py: their `Correction.kept`); they need log π_old before the update."""
+
+
 def opt(default: Any, help: str, **bounds: Any) -> Any:
     """A dataclass field with help text and validation bounds (choices/min/max/gt)."""
     if isinstance(default, list):

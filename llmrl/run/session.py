@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..algos import preset_for
 from ..config import Config
-from ..config.load import on_policy_update, on_policy_values
+from ..config.on_policy import on_policy_update, on_policy_values
 from ..engines import GenerationEngine, build_engine, check_engine
 from ..errors import ConfigError
 from ..estimators import EstimatorSpec, get_estimator, import_user_module

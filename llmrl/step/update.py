@@ -64,19 +64,44 @@ def _most_micro_batches(rows: Tensor, n_local: int, world: int, size: int | None
     return max(-(-c // size) if size else int(c > 0) for c in counts)
 
 
+def _totals(row_tokens: Tensor, rows: Tensor) -> dict[str, float]:
+    """The minibatch `rows`' (global indices) trained tokens and trained rows, from the (N_global,)
+    tokens per row: a row left with no token (update.mask_truncated, a rejecting IS correction) is
+    out of both counts, so the losses are those of the minibatch without it."""
+    tokens = row_tokens[rows]
+    return {"total_tokens": float(tokens.sum().clamp(min=1)), "total_seqs": float((tokens > 0).sum().clamp(min=1))}
+
+
 def _token_share(mask: Tensor, totals: dict[str, float]) -> float:
     """This micro-batch's share of the minibatch's tokens (1.0 for a whole single-process minibatch)."""
     return float(mask.sum()) / totals["total_tokens"]
 
 
+def _corrected(batch: TrainRows, advantages: Tensor, cfg: UpdateConfig, on_policy: bool) -> tuple[Tensor, Tensor | None]:
+    """(the actor's advantages w_t·A_t, the tokens the actor trains on or None for every response token)
+    under `update.is_correction`, for the whole (local) batch at once: π_old and μ are fixed for the
+    step, and every correction is per token or per row, so this is what each micro-batch would compute.
+    Unchanged without a behaviour policy μ, with the correction off, or on-policy (π_old comes from the
+    update's own forward: `_actor_loss` weights each micro-batch then)."""
+    if batch.behaviour_logprobs is None or cfg.is_correction == "off" or on_policy:
+        return advantages, None
+    assert batch.old_logprobs is not None
+    c = get_correction(cfg.is_correction)(batch.old_logprobs, batch.behaviour_logprobs, batch.response_mask,
+                                          cfg.is_clip, tuple(cfg.is_band))
+    return advantages * c.weights.to(advantages.dtype), c.kept
+
+
 def _actor_loss(stack: PolicyStack, mb: TrainRows, adv: Tensor, cfg: UpdateConfig, kl: KLConfig,
                 beta: float, temperature: float, totals: dict[str, float],
-                on_policy: bool = False) -> tuple[Tensor, dict[str, float], Tensor]:
-    """The micro-batch's actor loss, its stats, and the log π_old it used (N_mb, T).
+                on_policy: bool = False, kept: Tensor | None = None) -> tuple[Tensor, dict[str, float], Tensor]:
+    """The micro-batch's actor loss, its stats, and the log π_old it used (N_mb, T). `kept` (N_mb, T):
+    the tokens a rejecting IS correction left in the batch (`_corrected`); the others are out of every
+    term (policy loss, GSPO's sequence ratio, entropy, KL in the loss), as the totals already are.
 
     With a behaviour policy μ ≠ π_old (`mb.behaviour_logprobs`) and `update.is_correction` not off,
     each token's advantage becomes w_t·A_t, w the correction's weights from (log π_old, log μ)
-    (llmrl/corrections.py; detached, ≥ 0). That is exactly w_t times the token's policy-gradient term,
+    (llmrl/corrections.py; detached, ≥ 0; applied by `_corrected` before the passes, or here for an
+    on-policy update). That is exactly w_t times the token's policy-gradient term,
     because every built-in loss is positively homogeneous of degree 1 in A_t per token:
       ppo   max(−wAρ, −wA clip(ρ)) = w·max(−Aρ, −A clip(ρ)) for w ≥ 0; dual clip
             min(w·ℓ, −c·wA) = w·min(ℓ, −cA), and wA < 0 ⇔ A < 0 wherever w > 0 (w = 0 gives 0 either way);
@@ -89,11 +114,13 @@ def _actor_loss(stack: PolicyStack, mb: TrainRows, adv: Tensor, cfg: UpdateConfi
     """
     logp = torch.log_softmax(stack.response_logits(sequences(mb), temperature), dim=-1)  # (N, T, V), once for both uses
     lp = logp.gather(-1, mb.response_ids.unsqueeze(-1)).squeeze(-1)
-    mask = mb.response_mask
+    mask = mb.response_mask if kept is None else mb.response_mask & kept
     # exactly on-policy: π_old = the current policy, detached
-    old = torch.where(mask, lp.detach(), torch.zeros_like(lp)) if on_policy else mb.old_logprobs
-    if mb.behaviour_logprobs is not None and cfg.is_correction != "off":
+    old = torch.where(mb.response_mask, lp.detach(), torch.zeros_like(lp)) if on_policy else mb.old_logprobs
+    if on_policy and mb.behaviour_logprobs is not None and cfg.is_correction != "off":
         w = get_correction(cfg.is_correction)(old, mb.behaviour_logprobs, mask, cfg.is_clip, tuple(cfg.is_band))
+        if w.kept is not None:  # config.on_policy.exactly_on_policy turns the shortcut off for these
+            raise ValueError(f"update.is_correction={cfg.is_correction} drops tokens, which needs log π_old before the update")
         adv = adv * w.weights.to(adv.dtype)
     pl = get_policy_loss(cfg.policy_loss).fn(lp, old, adv, mask, cfg.clip_eps, cfg.clip_eps_high, cfg.dual_clip,
                                              cfg.loss_agg, **totals)
@@ -185,7 +212,7 @@ def update(stack: PolicyStack, opts: dict[str, torch.optim.Optimizer], batch: Tr
 
     In a data-parallel run `batch` is this rank's rows [r·n, (r+1)·n) of the global batch of
     n·W rows, and every rank must call this with the same generator state. `on_policy` (see
-    `config.load.on_policy_update`; then `batch.old_logprobs` is None): the actor's own forward
+    `config.on_policy.on_policy_update`; then `batch.old_logprobs` is None): the actor's own forward
     provides log π_old, detached, returned in `UpdateResult.old_logprobs` (for the logged KL);
     with LoRA dropout that forward's mask is in it, and the ratio is still exactly 1.
     `critic_values` (N, T) with graph (`Forwards.value_graph`, one pass of all rows only): the critic
@@ -193,24 +220,26 @@ def update(stack: PolicyStack, opts: dict[str, torch.optim.Optimizer], batch: Tr
     `actor_scale` multiplies the actor's loss (rollout.filter_scale: the kept share of the batch)."""
     history: dict[str, list[float]] = defaultdict(list)
     moments = GradMoments()
-    actor_fn = lambda mb, adv, totals, _: _actor_loss(stack, mb, adv, cfg, kl, beta, temperature, totals, on_policy)  # noqa: E731
+    advantages, kept = _corrected(batch, targets.advantages, cfg, on_policy)
+    actor_fn = lambda mb, adv, totals, rows: _actor_loss(  # noqa: E731
+        stack, mb, adv, cfg, kl, beta, temperature, totals, on_policy, None if kept is None else kept[rows])
     critic_fn = lambda mb, ret, totals, rows: _critic_loss(  # noqa: E731
         stack, mb, ret, cfg, totals, None if critic_values is None else critic_values[rows])
     row_tokens = dist.gather_rows(batch.response_mask.sum(-1))  # (N_global,) tokens per row
+    actor_tokens = row_tokens if kept is None else dist.gather_rows((batch.response_mask & kept).sum(-1))
     micros = lambda rows: _most_micro_batches(rows, batch.n, dist.world_size, cfg.micro_batch_size) if dist.lockstep else 0  # noqa: E731
     computed = (torch.zeros(batch.response_ids.shape, dtype=at_least_float32(stack.lm.dtype),
                             device=batch.response_ids.device) if on_policy else None)
     for _ in range(cfg.epochs):
         order = torch.randperm(batch.n * dist.world_size, generator=generator).to(batch.response_ids.device)
         for rows in order.split(cfg.minibatch_size):
-            totals = {"total_tokens": float(row_tokens[rows].sum().clamp(min=1)), "total_seqs": float(len(rows))}
             mine = dist.local_rows(rows, batch.n)
             most = micros(rows)
-            actor = lambda: _pass("actor", stack, opts["actor"], batch, mine, totals, targets.advantages,  # noqa: E731
-                                  cfg, actor_fn, ACTOR_STATS, moments, dist, most, fill_old=computed,
+            actor = lambda: _pass("actor", stack, opts["actor"], batch, mine, _totals(actor_tokens, rows),  # noqa: E731
+                                  advantages, cfg, actor_fn, ACTOR_STATS, moments, dist, most, fill_old=computed,
                                   scale=actor_scale)
-            critic = lambda: _pass("critic", stack, opts["critic"], batch, mine, totals, targets.returns,  # noqa: E731
-                                   cfg, critic_fn, CRITIC_STATS, None, dist, most)
+            critic = lambda: _pass("critic", stack, opts["critic"], batch, mine, _totals(row_tokens, rows),  # noqa: E731
+                                   targets.returns, cfg, critic_fn, CRITIC_STATS, None, dist, most)
             with_critic = "critic" in opts and targets.returns is not None
             # independent parameters: the order changes nothing but when the held critic graph is freed
             passes = [critic, actor] if critic_values is not None else [actor] + ([critic] if with_critic else [])
