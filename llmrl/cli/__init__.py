@@ -16,6 +16,10 @@ from .export_cmd import export
 from .train import train
 
 warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*")
+# peft's notes on tied embeddings: llmrl refuses LoRA on a tied head or embedding and the vllm engine
+# with a trained copy of one (models/stack.py, engines/vllm_engine.py); a copy on the hf engine is exact
+warnings.filterwarnings("ignore", message=r".*tie_word_embeddings=True.*")
+warnings.filterwarnings("ignore", message=r"Input and output embeddings are no longer tied after merging.*")
 hf_logging.disable_progress_bar()  # our own bars only; transformers' per-load bars are noise here
 
 app = typer.Typer(

@@ -2,7 +2,8 @@
 needs after an update, and how to tell whether anything changed.
 
 For a LoRA layer with frozen weight W (out, in), adapter matrices A (r, in), B (out, r) and
-scale s = α / r, the actor's weight is W' = W + s·B·A (peft's `get_delta_weight`). A
+scale s = α / r, the actor's weight is W' = W + s·B·A (peft's `get_delta_weight`; for an embedding
+(vocab, hidden) W' = W + s·(B·A)ᵀ from its `lora_embedding_A` (r, vocab) and `lora_embedding_B` (hidden, r)). A
 `lora.modules_to_save` module (e.g. a trained norm) is replaced by the actor's trained copy.
 Every other tensor of the model is the frozen base's and never changes.
 
@@ -33,10 +34,24 @@ def _plain(name: str) -> str:
     return name[len(PREFIX):] if name.startswith(PREFIX) else name
 
 
+def _has_actor_lora(module: nn.Module) -> bool:
+    """A LoRA layer with an actor adapter: a linear layer's (lora_A) or an embedding's (lora_embedding_A)."""
+    return isinstance(module, LoraLayer) and (ADAPTER in module.lora_A or ADAPTER in module.lora_embedding_A)
+
+
+def _factors(module: LoraLayer) -> tuple[Tensor, Tensor]:
+    """The actor's (A, B) of a LoRA layer; s·B·A = 0 when either is all zero (peft starts a linear
+    layer with B = 0, an embedding with A = 0)."""
+    if ADAPTER in module.lora_A:
+        return module.lora_A[ADAPTER].weight, module.lora_B[ADAPTER].weight
+    return module.lora_embedding_A[ADAPTER], module.lora_embedding_B[ADAPTER]
+
+
 def _adapted_modules(stack: PolicyStack) -> Iterator[tuple[str, nn.Module]]:
-    """(plain module name, module) of every LoRA layer and modules_to_save wrapper holding an actor copy."""
+    """(plain module name, module) of every LoRA layer (linear or embedding) and modules_to_save
+    wrapper holding an actor copy."""
     for name, module in stack.peft.named_modules():
-        if isinstance(module, LoraLayer) and ADAPTER in getattr(module, "lora_A", {}):
+        if _has_actor_lora(module):
             yield _plain(name), module
         elif isinstance(module, ModulesToSaveWrapper) and ADAPTER in module.modules_to_save:
             yield _plain(name), module
@@ -81,7 +96,7 @@ def actor_tensors(stack: PolicyStack, names: list[str], dtype: torch.dtype) -> d
         module = stack.peft.get_submodule(PREFIX + module_name)
         if isinstance(module, ModulesToSaveWrapper):
             value = module.modules_to_save[ADAPTER].get_parameter(tensor).float()
-        elif isinstance(module, LoraLayer) and ADAPTER in module.lora_A:
+        elif _has_actor_lora(module):
             value = module.base_layer.weight.float() + module.get_delta_weight(ADAPTER).float()
         else:  # a fused sibling the adapter leaves alone
             value = _base_weight(stack, module_name).float()
@@ -98,7 +113,7 @@ def actor_is_base(stack: PolicyStack) -> bool:
             copy, original = module.modules_to_save[ADAPTER], module.original_module
             if not all(torch.equal(a, b) for a, b in zip(copy.parameters(), original.parameters())):
                 return False
-        elif module.lora_B[ADAPTER].weight.count_nonzero():
+        elif all(f.count_nonzero() for f in _factors(module)):
             return False
     return True
 

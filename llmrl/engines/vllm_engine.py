@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+from peft.utils import ModulesToSaveWrapper
 from torch import Tensor
 
 from ..errors import ConfigError
@@ -249,6 +250,18 @@ def check_settings(config: Any, device: torch.device) -> None:
         raise ConfigError("The vllm engine needs the whole base on every process; it cannot run with dist.shard_base.")
 
 
+def _check_tied_copies(stack: PolicyStack) -> None:
+    """vLLM loads a tied-embedding model with one tensor for the LM head and the input embedding (and
+    skips `lm_head.weight` when loading), so a trained copy of either (lora.modules_to_save) would
+    leave it stale or change the other; the hf engine runs the copy as peft does."""
+    for name in stack.tied:
+        if isinstance(stack.lm.get_submodule(name), ModulesToSaveWrapper):
+            leaf = name.rsplit(".", 1)[-1]
+            raise ConfigError(f"The vllm engine keeps this model's LM head and input embedding as one tensor "
+                              f"(tie_word_embeddings), so the trained copy of '{leaf}' in lora.modules_to_save cannot "
+                              f"reach it; use rollout.engine=hf, or leave '{leaf}' out of lora.modules_to_save.")
+
+
 def _check_cpu_head_size(text_config: Any) -> None:
     """vLLM's CPU attention has kernels for some head sizes only; others fail at the first decode."""
     with contextlib.redirect_stderr(io.StringIO()):  # vLLM warns about Triton before its logging is set up
@@ -266,6 +279,7 @@ def vllm_engine(*, stack: PolicyStack, tokenizer: Any, config: Any, dist: DistCo
     """A colocated vLLM engine on the run's device, loaded from the base's folder (or hub id)."""
     device = stack.lm.device
     check_settings(config, device)
+    _check_tied_copies(stack)
     vllm = _import_vllm()
     if device.type == "cpu":
         _check_cpu_head_size(stack.lm.config.get_text_config())

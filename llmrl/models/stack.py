@@ -76,6 +76,13 @@ def lora_settings(cfg: LoraConfig) -> PeftLoraConfig:
     )
 
 
+def of_adapter(name: str, adapter: str) -> bool:
+    """Whether the peft parameter `name` belongs to `adapter`: peft names it as one component,
+    `…q_proj.lora_A.actor.weight`, `…norm.modules_to_save.actor.weight`, and for an embedding's LoRA
+    `…embed_tokens.lora_embedding_A.actor`, with nothing after it (so a test for '.actor.' misses it)."""
+    return adapter in name.split(".")
+
+
 def check_lora_targets(base: nn.Module, lora: LoraConfig) -> None:
     """Refuse `lora.target_modules` that name no linear layer of `base` and `lora.modules_to_save`
     entries that match no module (peft matches a module whose full name ends with the entry)."""
@@ -93,6 +100,26 @@ def check_lora_targets(base: nn.Module, lora: LoraConfig) -> None:
                               f"its modules: {', '.join(leaves)}.")
 
 
+def tied_embeddings(model: nn.Module) -> list[str]:
+    """The module names of the input embedding and the LM head when they share one weight
+    (`tie_word_embeddings`, e.g. SmolLM2, Qwen2.5, the built-in tiny model); [] when untied."""
+    inp, out = model.get_input_embeddings(), model.get_output_embeddings()
+    if out is None or getattr(out, "weight", None) is not getattr(inp, "weight", None):
+        return []
+    return [n for n, m in model.named_modules() if m is inp or m is out]
+
+
+def _check_tied_lora(model: nn.Module, tied: list[str]) -> None:
+    """Refuse LoRA on a tied embedding or head: peft adds B·A to one of them, but a merge (`llmrl export`,
+    the vllm engine's sync) writes W + s·B·A into the one shared weight, which changes the other too."""
+    for name in tied:
+        if isinstance(model.get_submodule(name), LoraLayer):
+            leaf = name.rsplit(".", 1)[-1]
+            raise ConfigError(f"'lora.target_modules' puts LoRA on '{leaf}', but this model ties its LM head to its input "
+                              f"embedding (one weight), so a merge would change both; leave '{leaf}' out, or train an "
+                              f"untied copy with lora.modules_to_save=[{leaf}].")
+
+
 class PolicyStack(nn.Module):
     """The frozen base, the `actor` (and optionally `critic`) adapters and the value head.
 
@@ -107,12 +134,14 @@ class PolicyStack(nn.Module):
         for p in base.parameters():
             p.requires_grad_(False)
         check_lora_targets(base, lora)
+        self.tied = tied_embeddings(base)  # before peft wraps them
         try:
             self.peft: PeftModel = get_peft_model(base, lora_settings(lora), adapter_name="actor")
         except ValueError as exc:  # e.g. a target that is not a layer type LoRA supports (a norm)
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ConfigError(f"LoRA cannot adapt the model with lora.target_modules={lora.target_modules}: "
                               f"{first.rstrip('.')}.") from None
+        _check_tied_lora(self.peft.base_model.model, self.tied)
         self.has_critic = with_critic
         self.value_head: nn.Linear | None = None
         self.critic_start = 0  # the critic's first adapted decoder layer L−k (lora.critic_layers)
@@ -219,8 +248,7 @@ class PolicyStack(nn.Module):
 
     def parameters_of(self, role: str) -> list[nn.Parameter]:
         """Trainable parameters of 'actor' (its adapter) or 'critic' (its adapter + value head)."""
-        tag = f".{role}."
-        params = [p for n, p in self.peft.named_parameters() if tag in n]
+        params = [p for n, p in self.peft.named_parameters() if of_adapter(n, role)]
         if role == "critic" and self.value_head is not None:
             params += list(self.value_head.parameters())
         return params

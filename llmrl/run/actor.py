@@ -21,7 +21,7 @@ from ..config import Config, load_config
 from ..errors import LLMRLError
 from .folder import MARKER
 from ..models.load import load_base
-from ..models.stack import PolicyStack
+from ..models.stack import PolicyStack, of_adapter
 
 ADAPTER_FILE = "adapter_model.safetensors"
 
@@ -56,10 +56,10 @@ def actor_source(run_dir: Path) -> ActorSource:
 
 
 def _load_checkpoint_actor(stack: PolicyStack, path: Path) -> None:
-    """Copy a checkpoint's actor tensors (names with '.actor.') into a critic-less stack."""
-    saved = {k: v for k, v in load_file(str(path)).items() if ".actor." in k}
+    """Copy a checkpoint's actor tensors (`of_adapter(name, 'actor')`) into a critic-less stack."""
+    saved = {k: v for k, v in load_file(str(path)).items() if of_adapter(k, "actor")}
     named = dict(stack.named_parameters())
-    wanted = {n for n in named if ".actor." in n}
+    wanted = {n for n in named if of_adapter(n, "actor")}
     if set(saved) != wanted:
         raise LLMRLError(f"Checkpoint {path} does not match the run's model (actor parameters differ).")
     with torch.no_grad():
@@ -71,7 +71,7 @@ def _load_adapter_actor(stack: PolicyStack, folder: Path) -> None:
     """Load a saved PEFT adapter's weights into the stack's `actor` adapter; every key must land."""
     weights = load_file(str(folder / ADAPTER_FILE))
     result = set_peft_model_state_dict(stack.peft, weights, adapter_name="actor")
-    missing = [k for k in result.missing_keys if ".actor." in k]
+    missing = [k for k in result.missing_keys if of_adapter(k, "actor")]
     if result.unexpected_keys or missing:
         raise LLMRLError(f"Adapter {folder} does not match the run's model ({len(missing)} missing, "
                          f"{len(result.unexpected_keys)} unexpected tensors).")
