@@ -10,6 +10,9 @@ class LLMRLError(Exception):
     """
 
     exit_code: int = 2
+    trace: BaseException | None = None
+    """An exception llmrl did not expect behind this error (`run/crash.py`): its traceback is written to
+    error.log, and shown on stderr with --debug."""
 
     def __init__(self, message: str, exit_code: int | None = None) -> None:
         super().__init__(message)

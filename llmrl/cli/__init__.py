@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 
 import typer
@@ -11,6 +13,7 @@ from .algos_cmd import advantages, algos, losses
 from .compare_cmd import compare
 from .config_cmd import config
 from .plot_cmd import plot
+from .tasks_cmd import tasks
 from .eval_cmd import eval
 from .export_cmd import export
 from .train import train
@@ -29,6 +32,16 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback()
+def _options(debug: bool = typer.Option(
+        False, "--debug", help="Show the full traceback of an error llmrl did not expect on stderr (also: "
+        "LLMRL_DEBUG=1); without it the traceback goes to RUN/error.log (or ~/.cache/llmrl/error.log).")) -> None:
+    if debug:
+        os.environ["LLMRL_DEBUG"] = "1"  # read by cli/errors.py, and by the processes --nproc starts
+
+
 app.command()(train)
 app.command()(config)
 app.command()(algos)
@@ -38,7 +51,15 @@ app.command()(compare)
 app.command()(plot)
 app.command()(export)
 app.command(name="eval")(eval)
+app.command()(tasks)
 
 
 def main() -> None:
-    app()
+    """`llmrl …`; `--debug` may also follow the command (`llmrl train … --debug`), as users type it."""
+    args = sys.argv[1:]
+    cut = args.index("--") if "--" in args else len(args)
+    if "--debug" in args[1:cut] and args[:1] != ["--debug"]:
+        at = args.index("--debug", 1)
+        if args[at - 1] != "--set":  # `--set --debug` is a (bad) setting, left for the loader to refuse
+            args = ["--debug", *args[:at], *args[at + 1:]]
+    app(args=args, prog_name="llmrl")

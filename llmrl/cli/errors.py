@@ -1,4 +1,10 @@
-"""User errors become one sentence on stderr and a non-zero exit code, never a traceback."""
+"""User errors become one sentence on stderr and a non-zero exit code, never a traceback.
+
+`friendly` is every command's boundary: an `LLMRLError` prints its own sentence; any other exception
+that escapes a command is the last resort (`run/crash.py`): one sentence naming the command, the
+exception and where its traceback went, exit 1. With `--debug` / `LLMRL_DEBUG=1` the traceback is
+printed on stderr above the sentence.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +12,15 @@ import functools
 import os
 import sys
 import time
+import traceback
 from typing import Any, Callable
 
+import click
 import typer
 
-from ..parallel.distributed import PeerLost
 from ..errors import LLMRLError
+from ..parallel.distributed import PeerLost
+from ..run.crash import cache_log, debugging, unexpected, write_log
 
 
 def _prints(exc: BaseException) -> bool:
@@ -28,13 +37,21 @@ one exits with an error, so a quiet rank leaving first could stop rank 0 before 
 
 def _report(exc: BaseException, message: str) -> None:
     if _prints(exc):
+        trace = getattr(exc, "trace", None)
+        if trace is not None and debugging():
+            print("".join(traceback.format_exception(trace)).rstrip(), file=sys.stderr)
         print(message, file=sys.stderr)
     else:
         time.sleep(QUIET_RANK_WAIT_S)
 
 
+def _command_line() -> str:
+    return "llmrl " + " ".join(sys.argv[1:])
+
+
 def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap a Typer command: LLMRLError → 'error: …' on stderr and its exit code; Ctrl-C → 130."""
+    """Wrap a Typer command: LLMRLError → 'error: …' on stderr and its exit code; Ctrl-C → 130; any
+    other exception → one sentence, its traceback in error.log (`run/crash.py`), exit 1."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -46,5 +63,12 @@ def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         except KeyboardInterrupt as exc:
             _report(exc, "error: interrupted.")
             raise typer.Exit(130) from None
+        except (typer.Exit, typer.Abort, click.exceptions.ClickException):
+            raise  # Typer's and click's own ways out (usage errors print their own line)
+        except Exception as exc:  # the last resort: nothing foresaw it
+            log = write_log(exc, cache_log(), _command_line()) if _prints(exc) else None
+            err = unexpected(exc, f"llmrl {fn.__name__}", log)
+            _report(err, f"error: {err}")
+            raise typer.Exit(err.exit_code) from None
 
     return wrapper

@@ -22,7 +22,7 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import yaml
 from safetensors.torch import save_file
@@ -34,7 +34,7 @@ from ..rewards.builtin import BUILTINS
 
 MARKER = "config.yaml"
 RUN_PARTS = ("adapters", "checkpoints", "tensorboard", "value_head.safetensors", MARKER, "metrics.jsonl",
-             "summary.json", "completions.jsonl", "curves.png")  # every entry a run folder can hold (README)
+             "summary.json", "completions.jsonl", "curves.png", "error.log")  # every entry a run folder can hold (README)
 LOCK = ".lock"
 OWN = (*RUN_PARTS, "wandb", ".wandb-id", LOCK)  # everything llmrl writes into a run folder
 CONFIG_KEYS = {"algo", "model", "rollout", "update"}  # top-level keys every stored config.yaml has
@@ -207,11 +207,12 @@ def release_lock(path: Path) -> None:
 
 
 @contextmanager
-def folder_locks() -> Iterator[None]:
-    """Release, on the way out, every run-folder lock taken inside the block (a run's end, its error)."""
+def folder_locks() -> Iterator[Callable[[], list[Path]]]:
+    """Release, on the way out, every run-folder lock taken inside the block (a run's end, its error);
+    yields a function that lists the folders locked so far inside the block."""
     before = set(_held)
     try:
-        yield
+        yield lambda: sorted(_held - before)
     finally:
         for key in _held - before:
             release_lock(key)

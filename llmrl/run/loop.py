@@ -11,7 +11,9 @@ each step; rank 0 alone reports and writes the run folder.
 from __future__ import annotations
 
 import time
+import sys
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..config import Config
@@ -23,8 +25,10 @@ from .memory import engine_costs, role_costs
 from .one_step import run_step
 from .reporting import NullReporter, Reporter
 from .session import Session, run_eval, setup
+from .checkpoint import list_checkpoints, newest_step
+from .crash import LOG, unexpected, write_log
 from .signals import graceful_stop
-from .state import Progress, checkpoint, fail, restore
+from .state import Progress, checkpoint, crashed, fail, restore, weights_version
 from .summary import draw_curves, eval_scalars, summarize
 from .trackers import Trackers, check_available, open_trackers
 
@@ -38,8 +42,25 @@ def train(config: Config, reporter: Reporter | None = None, overwrite: bool = Fa
     Launched by torchrun with W > 1 processes, every process calls this; rank 0 alone reports and
     writes the run folder (the others return the run with empty metrics).
     """
-    with distributed(config.model.device, config.dist.timeout_s) as dist, folder_locks():
-        return _train(config, (reporter or NullReporter()) if dist.is_main else NullReporter(), overwrite, resume, dist)
+    with distributed(config.model.device, config.dist.timeout_s) as dist, folder_locks() as taken:
+        try:
+            return _train(config, (reporter or NullReporter()) if dist.is_main else NullReporter(), overwrite, resume,
+                          dist)
+        except Exception as exc:
+            if isinstance(exc, LLMRLError):
+                raise
+            raise _outside_steps(exc, taken()) from None
+
+
+def _outside_steps(exc: Exception, folders: list[Path]) -> LLMRLError:
+    """The last resort for an error nothing foresaw outside a step (setup, the first or last evaluation,
+    saving the models): its traceback in RUN/error.log once the run folder exists, and where to go on."""
+    folder = folders[0] if folders else None
+    log = write_log(exc, folder / LOG, "llmrl " + " ".join(sys.argv[1:])) if folder else None
+    saved = newest_step(folder) if folder and list_checkpoints(folder) else None
+    after = (f" Training state after step {saved} is checkpointed; fix the cause and continue with: "
+             f"llmrl train --resume {folder}" if saved is not None else "")
+    return unexpected(exc, "The run" + (f" in {folder}" if folder else ""), log, after)
 
 
 def _train(config: Config, reporter: Reporter, overwrite: bool, resume: bool, dist: DistContext) -> Run:
@@ -74,6 +95,11 @@ def _train(config: Config, reporter: Reporter, overwrite: bool, resume: bool, di
                 f"Interrupted; the newest checkpoint is after step {progress.saved}. "
                 f"Continue with: llmrl train --resume {s.folder.path}", exit_code=130
             ) from None
+        except Exception as exc:  # nothing foresaw it (a bug, a user module's own error): the last resort
+            if isinstance(exc, LLMRLError):
+                raise
+            reporter.stopped()
+            fail(s, crashed(s, exc, step, progress), progress, before, wall)
     return _finish(s, reporter, trackers, progress, before, wall)
 
 
@@ -92,6 +118,7 @@ def _one_step(s: Session, step: int, reporter: Reporter, trackers: Trackers, sto
     """Train step `step`, evaluate when due, log, checkpoint when due; raise RunFailed after
     `update.max_bad_steps` non-finite steps in a row, KeyboardInterrupt when a stop was requested."""
     config = s.config
+    progress.version = weights_version(s)
     report = run_step(s, step)
     row = report.row
     if config.eval.every and (step + 1) % config.eval.every == 0 and step + 1 < config.steps:

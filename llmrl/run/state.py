@@ -3,11 +3,13 @@ it for `--resume`, and how a failed run leaves its folder."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, NoReturn
 
 from ..errors import LLMRLError, RunFailed
 from .checkpoint import list_checkpoints, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from .crash import LOG, describe, where, write_log
 from .evaluate import EvalResult
 from .folder import read_run
 from .session import Session
@@ -19,6 +21,24 @@ class Progress:
 
     saved: int
     bad: int = 0
+    version: int = 0  # the trainable weights' version at the start of the step (`weights_version`)
+
+
+def weights_version(s: Session) -> int:
+    """Σ of the trainable parameters' in-place version counters: unchanged while no optimizer step
+    (or any other write) touched them, so a step that failed before its update left the state of the
+    last completed step."""
+    return sum(p._version for role in s.stack.trainable_roles() for p in s.stack.parameters_of(role))
+
+
+def crashed(s: Session, exc: Exception, step: int, progress: Progress) -> RunFailed:
+    """An exception nothing foresaw in step `step` (0-based) as a RunFailed: its traceback written to
+    RUN/error.log, consistent (so `fail` checkpoints) when one process ran it and no weight changed."""
+    log = write_log(exc, s.folder.path / LOG, "llmrl " + " ".join(sys.argv[1:])) if s.dist.is_main else None
+    err = RunFailed(f"Step {step + 1} failed with {describe(exc)} (an error llmrl did not expect; {where(log)}).")
+    err.trace = exc
+    err.consistent = s.dist.world_size == 1 and weights_version(s) == progress.version
+    return err
 
 
 def state(s: Session, step: int, before: EvalResult | None, elapsed: float) -> dict[str, Any]:
@@ -73,7 +93,9 @@ def fail(s: Session, exc: RunFailed, progress: Progress, before: EvalResult | No
             checkpoint(s, done, before, wall())
             progress.saved = done
     if not list_checkpoints(s.folder.path):
-        raise RunFailed(f"{exc} No checkpoint was written yet; fix the cause and start again with "
-                        f"--overwrite.") from None
-    raise RunFailed(f"{exc} Training state after step {progress.saved} is checkpointed; fix the cause and "
-                    f"continue with: llmrl train --resume {s.folder.path}") from None
+        err = RunFailed(f"{exc} No checkpoint was written yet; fix the cause and start again with --overwrite.")
+    else:
+        err = RunFailed(f"{exc} Training state after step {progress.saved} is checkpointed; fix the cause and "
+                        f"continue with: llmrl train --resume {s.folder.path}")
+    err.trace = exc.trace
+    raise err from None
