@@ -18,7 +18,7 @@ from .config import Config, load_config
 from .engines import build_engine
 from .errors import ConfigError
 from .run.actor import load_actor
-from .run.evaluate import evaluate, evaluate_sampled
+from .run.evaluate import evaluate, evaluate_sampled, with_groups
 from .models.load import load_base
 from .models.stack import PolicyStack
 from .models.tokenizer import stop_token_ids
@@ -66,6 +66,8 @@ def resolve_task(task: str | None, target: EvalTarget, dataset: str | None = Non
     elif task is not None:  # the task's own reward unless --reward names one
         cfg = replace(cfg, task=task, data=replace(cfg.data, dataset=None, eval_dataset=None),
                       reward=cfg.reward if reward is not None else replace(cfg.reward, functions=None))
+        if task != target.config.task:  # another task: the run's rg:NAME settings and mixture are not its
+            cfg = replace(cfg, rg=replace(cfg.rg, config=None), mix=replace(cfg.mix, tasks=None))
     return task_from_config(cfg)
 
 
@@ -112,6 +114,7 @@ def eval_model(
     greedy = evaluate(engine, target.tokenizer, rows, chosen.reward, max_new_tokens=n_new,
                       success=chosen.success, batch_size=batch, role=target.role, metrics=chosen.metrics,
                       stop_ids=stop_token_ids(target.tokenizer, target.stack.lm))
+    greedy = with_groups(greedy, rows, chosen)  # a mixture's accuracy per task
     report: dict[str, Any] = {
         "model": model, "evaluated": target.label, "task": chosen.name, "prompts": len(rows),
         "prompts_from": f"the first {len(rows)} rows of {dataset}" if dataset is not None else "the held-out split",

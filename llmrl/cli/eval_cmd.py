@@ -30,7 +30,13 @@ def render(report: dict[str, Any]) -> Table:
     table.add_row("mean reward (greedy)", f"{report['greedy']['reward_mean']:.4f}")
     greedy = report["greedy"]
     if "strict_accuracy" in greedy:
-        table.add_row("strict accuracy (greedy, first number stated)", _pct(greedy["strict_accuracy"]))
+        how = "<answer> tags" if "lenient_accuracy" in greedy else "first number stated"
+        table.add_row(f"strict accuracy (greedy, {how})", _pct(greedy["strict_accuracy"]))
+    if "lenient_accuracy" in greedy:
+        table.add_row("lenient accuracy (greedy, last line or number)", _pct(greedy["lenient_accuracy"]))
+    for key in (k for k in greedy if "/" in k):  # a mixture's numbers per task
+        metric, task = key.split("/", 1)
+        table.add_row(f"{metric.replace('_', ' ')} of {task} (greedy)", _pct(greedy[key]))
     if "eos_rate" in greedy:
         table.add_row("EOS rate (greedy)", _pct(greedy["eos_rate"]))
         table.add_row("response length (greedy, tokens)", f"{greedy['response_len']:.1f}")
@@ -46,7 +52,7 @@ def render(report: dict[str, Any]) -> Table:
 @friendly
 def eval(  # noqa: A001 - the command is called `eval`
     model: str = typer.Option(..., "--model", "-m", help="A run folder (its trained actor), a model folder, a hub id, a .gguf file or 'tiny'."),
-    task: Optional[str] = typer.Option(None, "--task", "-t", help="Built-in task. Default: the run's task (or arithmetic)."),
+    task: Optional[str] = typer.Option(None, "--task", "-t", help="Task: arithmetic, chat_sum, rg:NAME (reasoning-gym; `llmrl tasks`) or A,B (a mixture). Default: the run's task (or arithmetic)."),
     dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="Score every row of this .jsonl/.csv/.parquet file (or `datasets` hub name) instead of a task."),
     reward: Optional[str] = typer.Option(None, "--reward", help="Reward for --dataset rows: exact_match, numeric, first_number, math, format, length_penalty, module:function or file.py:function. Default: the run's rewards."),
     samples: int = typer.Option(4, "--samples", "-k", help="K sampled completions per prompt for pass@1 and pass@K (0: greedy only)."),

@@ -7,6 +7,9 @@ Per run (S = steps, r_s = mean train reward of step s, t_s = its seconds, n_s = 
     strict_before / strict_after
                              held-out strict accuracy (the task's `strict_accuracy`: only the first
                              number stated counts; None for a task without it)
+    lenient_before / lenient_after
+                             held-out lenient accuracy (the task's `lenient_accuracy`: reasoning-gym
+                             tasks score the last line or number too; None for a task without it)
     eos_after                held-out share of greedy completions ending with a stop token, after
     reward_final             mean of r_s over the last 10 % of steps (≥ 1): summary's reward_mean_last
     reward_auc               (1/S) Σ_s r_s: the area under the reward-vs-step curve per step
@@ -22,6 +25,9 @@ Per run (S = steps, r_s = mean train reward of step s, t_s = its seconds, n_s = 
                              (step/grad_stats.py), over the S' steps where it is defined
     prompts_seen             prompts read from the stream (S · B)
 
+Per run and task of a mixture (`per_task`): `<metric>/<task>` before and after, from summary.json's
+`eval_<metric>/<task>_before/after` (metric: accuracy, strict_accuracy, lenient_accuracy).
+
 Per algorithm each is mean ± std over seeds (std with n − 1; None for one seed).
 """
 
@@ -33,7 +39,7 @@ from typing import Any, Iterable
 from ..run.folder import Run
 from .plan import Plan
 
-COLUMNS = ("acc_before", "acc_after", "strict_before", "strict_after", "eos_after", "reward_final", "reward_auc",
+COLUMNS = ("acc_before", "acc_after", "strict_before", "strict_after", "lenient_before", "lenient_after", "eos_after", "reward_final", "reward_auc",
            "kl", "response_len", "sec_per_step", "tokens_per_s", "peak_rss_mib", "peak_device_mib", "adv_std", "grad_norm_var", "grad_var",
            "grad_rel_var", "prompts_seen")
 
@@ -52,6 +58,8 @@ def run_metrics(run: Run) -> dict[str, Any]:
         "acc_after": s.get("eval_accuracy_after"),
         "strict_before": s.get("eval_strict_accuracy_before"),
         "strict_after": s.get("eval_strict_accuracy_after"),
+        "lenient_before": s.get("eval_lenient_accuracy_before"),
+        "lenient_after": s.get("eval_lenient_accuracy_after"),
         "eos_after": s.get("eval_eos_rate_after"),
         "reward_final": s.get("reward_mean_last"),
         "reward_auc": _mean(r["reward_mean"] for r in rows),
@@ -67,6 +75,18 @@ def run_metrics(run: Run) -> dict[str, Any]:
         "grad_rel_var": _mean(r.get("actor_grad_rel_var") for r in rows),
         "prompts_seen": rows[-1].get("prompts_seen") if rows else 0,
     }
+
+
+def per_task(run: Run) -> dict[str, dict[str, Any]]:
+    """{task: {'<metric>_before'/'<metric>_after': value}} of a mixture's run (summary keys
+    `eval_<metric>/<task>_<when>`); {} for a run of one task."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in (run.summary or {}).items():
+        if key.startswith("eval_") and "/" in key and key.endswith(("_before", "_after")):
+            head, when = key.rsplit("_", 1)
+            metric, task = head[len("eval_"):].split("/", 1)
+            out.setdefault(task, {})[f"{metric}_{when}"] = value
+    return out
 
 
 def mean_std(values: list[Any]) -> dict[str, Any]:
@@ -85,6 +105,19 @@ def by_algo(plan: Plan, per_run: dict[str, dict[str, Any]]) -> dict[str, dict[st
     for algo in plan.algos:
         names = [r.name for r in plan.runs if r.algo == algo]
         out[algo] = {c: mean_std([per_run[n][c] for n in names]) for c in COLUMNS}
+    return out
+
+
+def tasks_by_algo(plan: Plan, runs: dict[str, Run]) -> dict[str, dict[str, dict[str, Any]]]:
+    """{algo: {task: {'<metric>_<when>': mean_std over its seeds}}} of a mixture's runs ({} otherwise)."""
+    per_run = {name: per_task(run) for name, run in runs.items()}
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for algo in plan.algos:
+        names = [r.name for r in plan.runs if r.algo == algo and r.name in per_run]
+        tasks = list(dict.fromkeys(t for n in names for t in per_run[n]))
+        keys = {t: list(dict.fromkeys(k for n in names for k in per_run[n].get(t, {}))) for t in tasks}
+        if tasks:
+            out[algo] = {t: {k: mean_std([per_run[n].get(t, {}).get(k) for n in names]) for k in keys[t]} for t in tasks}
     return out
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..run.folder import Run, atomic_write, to_json
-from .aggregate import by_algo, check_prompts, run_metrics
+from .aggregate import by_algo, check_prompts, run_metrics, tasks_by_algo
 from .plan import Plan
 
 
@@ -29,6 +29,8 @@ OUTCOME: list[tuple[str, str, str, Fmt]] = [
     ("acc_after", "held-out acc. after", " %", _pct),
     ("strict_before", "strict acc. before", " %", _pct),
     ("strict_after", "strict acc. after", " %", _pct),
+    ("lenient_before", "lenient acc. before", " %", _pct),
+    ("lenient_after", "lenient acc. after", " %", _pct),
     ("eos_after", "EOS rate after", " %", _pct),
     ("reward_final", "final reward", "", lambda x: f"{x:.3f}"),
     ("reward_auc", "reward AUC", "", lambda x: f"{x:.3f}"),
@@ -81,6 +83,7 @@ def summarize(plan: Plan, runs: dict[str, Run], plots: dict[str, Path]) -> dict[
         "differences": plan.differences(),
         "prompts": check_prompts(plan, runs),
         "algos": by_algo(plan, per_run),
+        "tasks": tasks_by_algo(plan, runs),  # a mixture's held-out numbers per task
         "runs": per_run,
         "runs_wall_time_s": sum((run.summary or {}).get("wall_time_s", 0.0) for run in runs.values()),
         "plots": {k: p.name for k, p in plots.items()},
@@ -106,6 +109,33 @@ def _algo_table(summary: dict[str, Any], table: list[tuple[str, str, str, Fmt]])
     cols = columns(table, algos)
     rows = [[f"`{a}`", *(cell(algos[a][c], f, u) for c, _, u, f in cols)] for a in algos]
     return _md_table(["algo", *(h for _, h, _, _ in cols)], rows)
+
+
+TASK_METRICS = [("strict_accuracy", "strict"), ("lenient_accuracy", "lenient"), ("accuracy", "acc.")]
+
+
+def _task_table(summary: dict[str, Any]) -> list[str]:
+    """A mixture's held-out accuracy per task, before → after, one row per algorithm ([] for one task)."""
+    per = summary.get("tasks") or {}
+    if not per:
+        return []
+    tasks = list(dict.fromkeys(t for a in per.values() for t in a))
+    header, cols = ["algo"], []
+    for t in tasks:
+        for metric, word in TASK_METRICS:
+            if any(f"{metric}_after" in per[a].get(t, {}) for a in per):
+                header.append(f"`{t}` {word} before → after")
+                cols.append((t, metric))
+                break
+    rows = []
+    for algo, by_task in per.items():
+        row = [f"`{algo}`"]
+        for t, metric in cols:
+            stats = by_task.get(t, {})
+            before, after = stats.get(f"{metric}_before"), stats.get(f"{metric}_after")
+            row.append(f"{cell(before, _pct) if before else '—'} → {cell(after, _pct, ' %') if after else '—'}")
+        rows.append(row)
+    return ["## Held-out accuracy per task", "", _md_table(header, rows), ""]
 
 
 def markdown(summary: dict[str, Any], command: str) -> str:
@@ -138,6 +168,7 @@ def markdown(summary: dict[str, Any], command: str) -> str:
         "",
         _algo_table(summary, OUTCOME),
         "",
+        *_task_table(summary),
         "## Cost",
         "",
         _algo_table(summary, COST),

@@ -247,6 +247,29 @@ class RewardConfig:
 
 
 @dataclass(frozen=True)
+class RGConfig:
+    """reasoning-gym tasks (`task: rg:NAME`; llmrl/tasks/rg.py, docs/tasks.md)."""
+
+    config: dict | None = opt(None, "the generator's settings of task rg:NAME, e.g. {max_animals: 4} (the same as "
+                              "rg:NAME?max_animals=4, whose own settings win); `llmrl tasks rg:NAME` lists them")
+    train_size: int = opt(1000, "questions generated for training (per mixture: shared by weight); a train question "
+                          "equal to a held-out one is dropped", min=1, max=10**6)
+    eval_size: int = opt(500, "held-out questions generated, from seeds disjoint from the train ones: the held-out set "
+                         "is fixed by (task, its settings, this size, data.split_seed); a run scores its first eval.size",
+                         min=1, max=10**5)
+    reward: str = opt("strict", "what trains: 'strict' reasoning-gym's score of the last <answer>…</answer>; 'lenient' "
+                      "the best score of the looser readings (last line, last number); both are reported as accuracies",
+                      choices=("strict", "lenient"))
+
+
+@dataclass(frozen=True)
+class MixConfig:
+    tasks: list[dict[str, Any]] | None = opt(
+        None, "with task: mix, several tasks in one run: [{name: rg:NAME, weight: 2, config: {...}}, {name: chat_sum}]; "
+        "task k gets a share w_k/Σw of the train prompts, and evaluations report the held-out accuracy per task")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Settings of the `vllm` engine (rollout.engine=vllm); the `hf` engine has none."""
 
@@ -285,7 +308,8 @@ class DistConfig:
 @dataclass(frozen=True)
 class Config:
     algo: str = opt("ppo", "algorithm preset (see `llmrl algos`)")
-    task: str = opt("arithmetic", "built-in task providing prompts and a reward")
+    task: str = opt("arithmetic", "task providing prompts and a reward: arithmetic, chat_sum, rg:NAME[?key=value&…] "
+                    "(reasoning-gym), A,B,… (a mixture, equal weights) or mix (mix.tasks); `llmrl tasks` lists them")
     seed: int = opt(0, "seed of every random choice in the run", min=0)
     steps: int = opt(400, "training steps (one rollout batch each)", min=1)
     out: str | None = opt(None, "run folder; default: runs/<algo>-<task>-<time>")
@@ -301,5 +325,7 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    rg: RGConfig = field(default_factory=RGConfig)
+    mix: MixConfig = field(default_factory=MixConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     dist: DistConfig = field(default_factory=DistConfig)

@@ -4,7 +4,7 @@ engine (engines/), like the training step."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -62,6 +62,31 @@ def evaluate(
         extra["eos_rate"] = float(torch.cat(ended).sum()) / n
         extra["response_len"] = float(torch.cat(lengths).sum()) / n
     return EvalResult(float((rewards >= success).sum()) / n, float(rewards.sum()) / n, completions, extra)
+
+
+def per_group(rows: Sequence[dict[str, Any]], completions: Sequence[str], reward_fn: Callable[..., Sequence[float]], *,
+              by: str, success: float = 1.0,
+              metrics: Mapping[str, Callable[..., Sequence[float]]] | None = None) -> dict[str, float]:
+    """For each value g of the rows' column `by` (a mixture's task), in order of first appearance:
+    `accuracy/<g>` = share of g's completions whose reward ≥ success, and `<metric>/<g>` = the mean of
+    each of the task's metrics over g's rows. Scored again from the completions, so it holds for an
+    evaluation shared by several processes too."""
+    out: dict[str, float] = {}
+    for g in dict.fromkeys(r[by] for r in rows):
+        idx = [i for i, r in enumerate(rows) if r[by] == g]
+        part, texts = [rows[i] for i in idx], [completions[i] for i in idx]
+        out[f"accuracy/{g}"] = float((score_texts(reward_fn, part, texts) >= success).sum()) / len(idx)
+        for name, fn in (metrics or {}).items():
+            out[f"{name}/{g}"] = float(score_texts(fn, part, texts).sum()) / len(idx)
+    return out
+
+
+def with_groups(result: EvalResult, rows: Sequence[dict[str, Any]], task: Any) -> EvalResult:
+    """`result` with the per-task numbers of `per_group` among its metrics when the task has a `by` column."""
+    if not getattr(task, "by", None) or not rows:
+        return result
+    extra = per_group(rows, result.completions, task.reward, by=task.by, success=task.success, metrics=task.metrics)
+    return replace(result, metrics={**result.metrics, **extra})
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -29,9 +29,9 @@ from ..parallel.stats import shared_evaluation
 from ..step.forward import generation_logprobs
 from ..step.records import StepPlan
 from ..step.update import make_optimizers
-from ..tasks import Task, task_from_config
+from ..tasks import Task, task_from_config, task_slug
 from .data import PromptSampler
-from .evaluate import EvalResult, evaluate
+from .evaluate import EvalResult, evaluate, with_groups
 from .folder import ReaderFolder, RunFolder
 from .reporting import Reporter
 
@@ -57,7 +57,7 @@ class Session:
 
 
 def default_out(config: Config) -> Path:
-    task = Path(config.data.dataset).stem if config.data.dataset else config.task
+    task = Path(config.data.dataset).stem if config.data.dataset else task_slug(config.task)
     return Path("runs") / f"{config.algo}-{task}-{datetime.now():%Y%m%d-%H%M%S}"
 
 
@@ -170,4 +170,4 @@ def run_eval(s: Session) -> EvalResult | None:
                        stop_ids=stop_token_ids(s.tokenizer, s.stack.lm))
         return res.accuracy, res.reward_mean, res.completions, res.metrics
 
-    return EvalResult(*shared_evaluation(s.dist, rows, on))
+    return with_groups(EvalResult(*shared_evaluation(s.dist, rows, on)), rows, s.task)  # a mixture's accuracy per task

@@ -4,12 +4,14 @@ A reward function is a plain callable `reward(prompts, completions, **columns) -
 returning one float per completion; `columns` are the dataset's other columns, row-aligned.
 A prompt is a string or a list of chat messages `{role, content}` (`models/prompts.py` renders it).
 
-`task_from_config` is what a run uses: the rows of `data.dataset` (or of the built-in `task`) and
-the reward of `reward.functions` (or the built-in task's own reward).
+`task_from_config` is what a run uses: the rows of `data.dataset` (or of `task`: a built-in task, a
+reasoning-gym one `rg:NAME` (rg.py), or several at once, mixture.py) and the reward of
+`reward.functions` (or the task's own reward).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -18,7 +20,7 @@ from ..errors import ConfigError
 from ..models.load import register_builtin_model
 from ..models.tiny import ensure_tiny
 from ..rewards.builtin import first_number, numeric
-from . import arithmetic, chat_sum
+from . import arithmetic, chat_sum, mixture, rg
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -40,6 +42,9 @@ class Task:
     reward: RewardFn
     success: float = 1.0
     metrics: dict[str, RewardFn] = field(default_factory=dict)
+    by: str | None = None
+    """A row column (a mixture's `task`) by whose values evaluations also report each metric:
+    `accuracy/<value>`, `<metric>/<value>` (`run/evaluate.per_group`)."""
 
 
 def _arithmetic() -> Task:
@@ -64,10 +69,59 @@ def tiny_corpus() -> list[tuple[str, str]]:
 register_builtin_model("tiny", lambda show_progress: ensure_tiny(tiny_corpus, show_progress=show_progress))
 
 
-def get_task(name: str) -> Task:
+def get_task(name: str, settings: dict[str, Any] | None = None, *, train_size: int = 1000, eval_size: int = 500,
+             split_seed: int = 1234, lenient: bool = False, label: str | None = None) -> Task:
+    """One task: a built-in (`TASKS`) or a reasoning-gym one, 'rg:NAME?k=v…' with `settings` under the
+    query's own (rg.py: train_size questions, eval_size held out, seeds from split_seed)."""
+    if rg.is_rg(name):
+        source = rg.load(name, settings, train_size=train_size, eval_size=eval_size, split_seed=split_seed)
+        train, held_out = rg.rows(source, label or name)
+        reward, metrics = rg.reward_fns(source, lenient)
+        return Task(label or name, train, held_out, reward, metrics=metrics)
     if name not in TASKS:
-        raise ConfigError(f"Unknown task '{name}'; valid tasks: {', '.join(TASKS)}.")
+        raise ConfigError(f"Unknown task '{name}'; valid tasks: {', '.join(TASKS)}, or rg:NAME "
+                          "(a reasoning-gym dataset; `llmrl tasks` lists them).")
+    if settings:
+        raise ConfigError(f"Task '{name}' is built in and takes no config; only rg:NAME tasks do.")
     return TASKS[name]()
+
+
+def task_slug(task: str) -> str:
+    """A task setting as a folder-name part: 'rg:leg_counting?max_animals=3' → 'rg-leg_counting-max_animals-3'."""
+    return re.sub(r"[^A-Za-z0-9_.]+", "-", task).strip("-") or "task"
+
+
+def build_task(config: "Config") -> Task:
+    """The task of `config.task` (with `rg.*` and `mix.tasks`): one task, or a mixture (mixture.py)."""
+    kw = dict(eval_size=config.rg.eval_size, split_seed=config.data.split_seed, lenient=config.rg.reward == "lenient")
+    parts = mixture.entries(config.task, config.mix.tasks)
+    if config.task != "mix" and len(parts) == 1:
+        return get_task(config.task, config.rg.config, train_size=config.rg.train_size, **kw)
+    if config.rg.config:
+        raise ConfigError("'rg.config' holds the settings of a single task rg:NAME; in a mixture give each task "
+                          "its own (mix.tasks: [{name: rg:NAME, config: {...}}]).")
+    names = mixture.labels([name for name, _, _ in parts])
+    counts = mixture.train_counts([w for _, w, _ in parts], config.rg.train_size)
+    tasks = [get_task(name, settings, train_size=n, label=label, **kw)
+             for (name, _, settings), label, n in zip(parts, names, counts, strict=True)]
+    return mix_tasks(tasks, counts)
+
+
+def mix_tasks(tasks: list[Task], counts: list[int]) -> Task:
+    """One task of `tasks` (their names distinct): task k gives counts[k] train rows (mixture.py)."""
+    train = [{**r, "task": t.name} for t, n in zip(tasks, counts, strict=True) for r in mixture.cycle(t.train, n)]
+    held_out = mixture.interleave([[{**r, "task": t.name} for r in t.eval] for t in tasks])
+    keys = list(dict.fromkeys(k for t in tasks for r in t.train[:1] + t.eval[:1] for k in (*r, "task")))
+    own = {t.name: {k for r in t.train[:1] + t.eval[:1] for k in r if k != "prompt"} for t in tasks}
+    name = ",".join(t.name for t in tasks)
+    metric_names = list(dict.fromkeys(m for t in tasks for m in t.metrics))
+    metrics = {m: mixture.dispatch({t.name: t.metrics.get(m) or mixture.reached(t.reward, t.success) for t in tasks},
+                                   own, f"{name} ({m})") for m in metric_names}
+    reward = mixture.dispatch({t.name: t.reward for t in tasks}, own, name)
+    if len({t.success for t in tasks}) > 1:
+        raise ConfigError("The tasks of a mixture must share one success threshold.")
+    return Task(name, mixture.with_keys(train, keys), mixture.with_keys(held_out, keys), reward,
+                success=tasks[0].success, metrics=metrics, by="task")
 
 
 def task_from_config(config: "Config") -> Task:
@@ -79,7 +133,7 @@ def task_from_config(config: "Config") -> Task:
         task = Task(Path(config.data.dataset).stem or config.data.dataset, train, held_out, _no_reward)
         source = config.data.dataset
     else:
-        task = get_task(config.task)
+        task = build_task(config)
         source = f"task {config.task}"
     if not config.reward.functions:
         if task.reward is _no_reward:

@@ -1,0 +1,186 @@
+"""reasoning-gym as a task source (llmrl/tasks/rg.py), mixtures (tasks/mixture.py) and `llmrl tasks`:
+real generators, offline; a tiny Llama built here with room for their prompts trains on one."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from llmrl.config import load_config
+from llmrl.models.tokenizer import build_char_tokenizer
+from llmrl.run.evaluate import per_group
+from llmrl.tasks import get_task, task_from_config
+from llmrl.tasks import rg as rgt
+
+from .helpers import cli_refused, cli_run
+
+reasoning_gym = pytest.importorskip("reasoning_gym")
+SMALL = dict(train_size=200, eval_size=60)
+
+
+def _task(spec: str, settings: dict | None = None, **kw):
+    return get_task(spec, settings, **{**SMALL, **kw})
+
+
+def test_train_and_held_out_questions_are_disjoint_and_the_held_out_set_is_fixed() -> None:
+    # leg_counting with 1-2 animals of 1-3 instances has few distinct questions: the seeds alone would
+    # repeat held-out questions in the train split, so the dedup is what this checks
+    small = {"min_animals": 1, "max_animals": 2, "max_instances": 3}
+    task = _task("rg:leg_counting", small)
+    held = {r["prompt"] for r in task.eval}
+    assert len(task.eval) == 60 and held.isdisjoint(r["prompt"] for r in task.train)
+    assert 0 < len(task.train) < 200  # some train questions were dropped, as they equal held-out ones
+    again = _task("rg:leg_counting", small, train_size=50)
+    assert [r["prompt"] for r in again.eval] == [r["prompt"] for r in task.eval]
+    # the held-out questions are reasoning-gym's items 0..E-1 of the generator seeded data.split_seed
+    gen = reasoning_gym.create_dataset("leg_counting", **small, seed=1234, size=60)
+    assert [r["answer"] for r in task.eval] == [gen[i]["answer"] for i in range(60)]
+    assert task.eval[0]["prompt"] == f"{gen[0]['question'].rstrip()}\n\n{rgt.INSTRUCTION}"
+    other = _task("rg:leg_counting", small, split_seed=7)
+    assert [r["prompt"] for r in other.eval] != [r["prompt"] for r in task.eval]
+
+
+def test_reward_is_reasoning_gyms_own_scorer_on_the_same_answers() -> None:
+    task = _task("rg:basic_arithmetic")
+    gen = reasoning_gym.create_dataset("basic_arithmetic", seed=1234, size=60)
+    rows = task.eval[:6]
+    answers = [r["answer"] for r in rows]
+    said = [answers[0], f"{answers[1]}.", "7", f"x {answers[3]} y", "", f" {answers[5]} "]
+    completions = [f"I think <answer>{a}</answer>" for a in said]
+    got = task.reward([r["prompt"] for r in rows], completions, answer=answers, rg_id=[r["rg_id"] for r in rows],
+                      task=[r["task"] for r in rows])
+    want = [gen.score_answer(reasoning_gym.utils.extract_answer(c), gen[i]) for i, c in enumerate(completions)]
+    assert got == pytest.approx(want, abs=0) and got[0] == 1.0 and 0 < got[1] < 1 and got[5] == 1.0
+    # no <answer> pair: no answer, 0, as reasoning-gym scores None
+    assert task.reward([rows[0]["prompt"]], [answers[0]], answer=answers[:1], rg_id=[rows[0]["rg_id"]]) == [0.0]
+
+
+def test_strict_and_lenient_readings() -> None:
+    task = _task("rg:leg_counting")
+    row = task.eval[0]
+    a = row["answer"]
+    completions = [f"<answer>{a}</answer>", f"The answer is {a}.", f"Counting...\nAnswer: **{a}**", f"<answer>{a}",
+                   f"<answer>{int(a) + 1}</answer>", f"{a} legs, or maybe {int(a) + 2}"]
+    cols = dict(answer=[a] * 6, rg_id=[row["rg_id"]] * 6, task=[row["task"]] * 6)
+    prompts = [row["prompt"]] * 6
+    assert task.metrics["strict_accuracy"](prompts, completions, **cols) == [1.0, 0, 0, 0, 0, 0]
+    assert task.metrics["lenient_accuracy"](prompts, completions, **cols) == [1.0, 1.0, 1.0, 1.0, 0, 0]
+    assert rgt.lenient_candidates("Sum: 3\nso <answer> 12 </answer>") == ["12", "so 12"]
+    assert rgt.lenient_candidates("**The answer is 7.**\n") == ["7"]
+    lenient = get_task("rg:leg_counting", lenient=True, **SMALL)
+    assert lenient.reward(prompts, completions, **cols)[:4] == [1.0] * 4
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("rg:leg_countin", "reasoning-gym has no dataset 'leg_countin'; did you mean 'rg:leg_counting'?"),
+    ("rg:leg_counting?max_animal=3", "reasoning-gym's 'leg_counting' has no setting 'max_animal'; its settings: min_animals"),
+    ("rg:leg_counting?min_animals=0", "reasoning-gym refuses the settings: min_animals must be positive"),
+    ("rg:leg_counting?seed=3", "'seed' is set by llmrl"),
+    ("rg:?x=1", "names no reasoning-gym dataset"),
+    ("chess", "Unknown task 'chess'; valid tasks: arithmetic, chat_sum"),
+    ("rg:leg_counting,,chat_sum", "has an empty name between its commas"),
+])
+def test_bad_task_is_one_sentence(spec: str, message: str, tmp_path: Path) -> None:
+    cli_refused(["train", "--task", spec, "--out", str(tmp_path / "r")], message)
+
+
+@pytest.mark.parametrize(("sets", "message"), [
+    (["task=mix"], "task 'mix' trains on the tasks of mix.tasks, which is empty"),
+    (["mix.tasks=rg:leg_counting,chat_sum"], "'mix.tasks' is set but task is 'arithmetic'; set task: mix"),
+    (["task=mix", "mix.tasks=[{name: chat_sum, weight: 0}]"], "mix.tasks entry 'chat_sum': 'weight' must be a number > 0"),
+    (["task=mix", "mix.tasks=[{name: chat_sum, size: 3}]"], "has unknown key 'size'"),
+    (["task=chat_sum", "rg.config={max_animals: 3}"], "Task 'chat_sum' is built in and takes no config"),
+    (["task=rg:leg_counting,chat_sum", "rg.config={max_animals: 3}"], "'rg.config' holds the settings of a single task"),
+])
+def test_bad_mixture_is_one_sentence(sets: list[str], message: str, tmp_path: Path) -> None:
+    args = [a for s in sets for a in ("--set", s)]
+    cli_refused(["train", *args, "--out", str(tmp_path / "r")], message)
+
+
+def test_missing_package_is_one_sentence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # import reasoning_gym now raises ImportError
+    cli_refused(["train", "--task", "rg:leg_counting", "--out", str(tmp_path / "r")],
+                "reasoning-gym tasks need the 'reasoning-gym' package, which is not installed: pip install 'llmrl[reasoning-gym]'")
+    code, out, err = cli_run(["tasks", "--json"])
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["reasoning_gym"] is None and [t["name"] for t in report["builtin"]] == ["arithmetic", "chat_sum"]
+
+
+def test_tasks_command_lists_builtins_and_reasoning_gym() -> None:
+    code, out, err = cli_run(["tasks", "--json"])
+    assert code == 0, err
+    report = json.loads(out)
+    names = [t["name"] for t in report["reasoning_gym"]]
+    assert "rg:leg_counting" in names and len(names) > 90 and report["reasoning_gym_version"] == "0.1.25"
+    code, out, err = cli_run(["tasks", "rg:leg_counting?max_animals=3", "--json"])
+    one = json.loads(out)
+    assert code == 0 and one["settings"]["max_animals"] == 10 and rgt.INSTRUCTION in one["example"]["prompt"]
+    assert one["metrics"] == ["accuracy", "strict_accuracy", "lenient_accuracy"]
+
+
+def test_mixture_rows_weights_reward_and_per_task_accuracy() -> None:
+    cfg = load_config(overrides={"task": "mix"}, sets=[
+        "mix.tasks=[{name: rg:leg_counting, weight: 3}, {name: rg:basic_arithmetic, config: {max_terms: 3}}, chat_sum]",
+        "rg.train_size=100", "rg.eval_size=20"])
+    task = task_from_config(cfg)
+    counts = {t: sum(r["task"] == t for r in task.train) for t in ("rg:leg_counting", "rg:basic_arithmetic", "chat_sum")}
+    assert counts == {"rg:leg_counting": 60, "rg:basic_arithmetic": 20, "chat_sum": 20}  # 100 · w / Σw
+    assert [r["task"] for r in task.eval[:4]] == ["rg:leg_counting", "rg:basic_arithmetic", "chat_sum", "rg:leg_counting"]
+    assert len(task.eval) == 20 + 20 + 100 and task.by == "task"
+    assert all(set(r) == {"prompt", "answer", "task", "rg_id"} for r in task.train + task.eval)
+    rows = task.eval[:6]  # 2 of each task; right answers for the first of each, wrong for the second
+    right = [f"<answer>{r['answer']}</answer>" if "rg:" in r["task"] else f"{r['answer']}" for r in rows[:3]]
+    completions = right + ["<answer>-1</answer>", "<answer>x</answer>", "0"]
+    got = per_group(rows, completions, task.reward, by="task", success=task.success, metrics=task.metrics)
+    assert got == {"accuracy/rg:leg_counting": 0.5, "strict_accuracy/rg:leg_counting": 0.5,
+                   "lenient_accuracy/rg:leg_counting": 0.5, "accuracy/rg:basic_arithmetic": 0.5,
+                   "strict_accuracy/rg:basic_arithmetic": 0.5, "lenient_accuracy/rg:basic_arithmetic": 0.5,
+                   "accuracy/chat_sum": 0.5, "strict_accuracy/chat_sum": 0.5, "lenient_accuracy/chat_sum": 0.5}
+    # each row is scored by its own task's reward
+    alone = get_task("rg:leg_counting", train_size=60, eval_size=20)  # as in the mixture: rg_id counts its train rows
+    leg = [r for r in rows if r["task"] == "rg:leg_counting"]
+    assert task.reward([r["prompt"] for r in rows], completions, **{k: [r[k] for r in rows] for k in ("answer", "task", "rg_id")})[::3] \
+        == alone.reward([r["prompt"] for r in leg], completions[::3], answer=[r["answer"] for r in leg], rg_id=[r["rg_id"] for r in leg])
+
+
+@pytest.fixture(scope="module")
+def long_tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random 2-layer Llama with the char tokenizer and 192 positions: a reasoning-gym prompt's
+    letters are <unk> to the tokenizer, and the short arithmetic ones fit."""
+    tok = build_char_tokenizer()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=192,
+                      pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    path = tmp_path_factory.mktemp("long-tiny")
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_tiny_model_trains_on_a_reasoning_gym_mixture(long_tiny_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    sets = ["algo=grpo", "rollout.prompts_per_step=4", "rollout.num_generations=2", "update.minibatch_size=8",
+            "rollout.max_new_tokens=6", "eval.size=6", "eval.every=0", "rg.train_size=40", "rg.eval_size=10",
+            "threads=1", "checkpoint.every=0", "log.completions_every=1"]
+    code, stdout, stderr = cli_run(["train", "--model", str(long_tiny_dir), "--task", "rg:basic_arithmetic,rg:chain_sum",
+                                    "--steps", "2", "--out", str(out), *[a for s in sets for a in ("--set", s)]])
+    assert code == 0, stdout + stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["task"] == "rg:basic_arithmetic,rg:chain_sum"
+    for key in ("strict_accuracy", "lenient_accuracy", "accuracy/rg:basic_arithmetic", "strict_accuracy/rg:chain_sum"):
+        assert summary[f"eval_{key}_after"] is not None and 0 <= summary[f"eval_{key}_after"] <= 1, key
+    logged = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    assert {r["task"] for r in logged} <= {"rg:basic_arithmetic", "rg:chain_sum"} and all("rg_id" in r for r in logged)
+    # `llmrl eval` of the run scores the same held-out questions the trainer did
+    code, stdout, stderr = cli_run(["eval", "--model", str(out), "--samples", "0", "--json"])
+    assert code == 0, stderr
+    report = json.loads(stdout)["greedy"]
+    assert report["accuracy/rg:chain_sum"] == summary["eval_accuracy/rg:chain_sum_after"]
+    assert report["lenient_accuracy"] == summary["eval_lenient_accuracy_after"]
