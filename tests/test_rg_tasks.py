@@ -102,6 +102,20 @@ def test_bad_mixture_is_one_sentence(sets: list[str], message: str, tmp_path: Pa
     cli_refused(["train", *args, "--out", str(tmp_path / "r")], message)
 
 
+def test_failing_or_exhausted_generator_is_one_sentence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # 1 animal of 1 instance: 37 questions, all of them among the 500 held out, so no train question is left
+    cli_refused(["train", "--task", "rg:leg_counting?min_animals=1&max_animals=1&max_instances=1", "--out", str(tmp_path / "r")],
+                "every generated train question is also a held-out one")
+    from reasoning_gym.factory import DATASETS
+
+    def boom(self, idx):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(DATASETS["leg_counting"][0], "__getitem__", boom)
+    cli_refused(["train", "--task", "rg:leg_counting", "--out", str(tmp_path / "r")],
+                "Task 'rg:leg_counting': reasoning-gym's generator failed (RuntimeError: boom).")
+
+
 def test_missing_package_is_one_sentence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # import reasoning_gym now raises ImportError
     cli_refused(["train", "--task", "rg:leg_counting", "--out", str(tmp_path / "r")],
@@ -184,3 +198,28 @@ def test_tiny_model_trains_on_a_reasoning_gym_mixture(long_tiny_dir: Path, tmp_p
     report = json.loads(stdout)["greedy"]
     assert report["accuracy/rg:chain_sum"] == summary["eval_accuracy/rg:chain_sum_after"]
     assert report["lenient_accuracy"] == summary["eval_lenient_accuracy_after"]
+
+
+def test_compare_reports_a_mixtures_accuracy_per_task(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from llmrl.compare.aggregate import per_task, tasks_by_algo
+    from llmrl.compare.report import _task_table
+    from llmrl.run.folder import Run
+
+    def run(strict_a: float, strict_b: float) -> Run:
+        summary = {"eval_accuracy_after": 0.5, "eval_strict_accuracy/rg:a_before": 0.1,
+                   "eval_strict_accuracy/rg:a_after": strict_a, "eval_strict_accuracy/chat_sum_after": strict_b,
+                   "eval_accuracy/chat_sum_after": 0.9}
+        return Run(tmp_path, {}, [], summary)
+
+    runs = {"grpo-s0": run(0.2, 0.4), "grpo-s1": run(0.4, 0.6), "rloo-s0": run(0.3, 0.5)}
+    assert per_task(runs["grpo-s0"]) == {"rg:a": {"strict_accuracy_before": 0.1, "strict_accuracy_after": 0.2},
+                                         "chat_sum": {"strict_accuracy_after": 0.4, "accuracy_after": 0.9}}
+    plan = SimpleNamespace(algos=("grpo", "rloo"), runs=[SimpleNamespace(algo=n.split("-")[0], name=n) for n in runs])
+    tasks = tasks_by_algo(plan, runs)
+    assert tasks["grpo"]["rg:a"]["strict_accuracy_after"]["mean"] == pytest.approx(0.3)
+    assert tasks["grpo"]["rg:a"]["strict_accuracy_after"]["std"] == pytest.approx(0.1414, abs=1e-4)
+    table = "\n".join(_task_table({"tasks": tasks}))
+    assert "| `grpo` | 10.0 ± 0.0 → 30.0 ± 14.1 % | — → 50.0 ± 14.1 % |" in table and "`rg:a` strict before → after" in table
+    assert _task_table({"tasks": {}}) == []
