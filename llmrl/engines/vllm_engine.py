@@ -59,6 +59,15 @@ def _import_vllm() -> Any:
     return vllm
 
 
+def _validation_error() -> type[Exception]:
+    """vLLM's exception for a request it refuses (not a ValueError in 0.32)."""
+    try:
+        from vllm.exceptions import VLLMValidationError
+    except ImportError:  # an older vLLM raises ValueError
+        return ValueError
+    return VLLMValidationError
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0].rstrip(".") if text else type(exc).__name__
@@ -112,8 +121,14 @@ class VLLMEngine:
                                  top_p=s.top_p if k is not None else 1.0, seed=k, stop_token_ids=self.stop_ids,
                                  logprobs=0 if request.logprobs else None, detokenize=False, skip_special_tokens=False)
                   for k in keys]
-        outputs = self.llm.generate(rows, params, use_tqdm=False, lora_request=self._request_for(request.role))
-        gen = self._collect([o.outputs[0] for o in outputs], request.logprobs, request.prompt_ids.device)
+        try:
+            outputs = self.llm.generate(rows, params, use_tqdm=False, lora_request=self._request_for(request.role))
+        except (ValueError, _validation_error()) as exc:  # e.g. a prompt at or past engine.max_model_len
+            raise ConfigError(f"The vllm engine refused a prompt: {_first_line(exc)}; raise engine.max_model_len "
+                              "or shorten the prompts.") from None
+        completions = [o.outputs[0] for o in outputs]
+        self._check_not_capped(completions, s.max_new_tokens)
+        gen = self._collect(completions, request.logprobs, request.prompt_ids.device)
         self._doze()
         return gen
 
@@ -125,6 +140,17 @@ class VLLMEngine:
             return None
         raise ConfigError("The vllm engine with engine.sync=merged holds the actor's weights, not the reference's; "
                           "use engine.sync=adapter to sample from the reference.")
+
+    def _check_not_capped(self, completions: list[Any], max_new_tokens: int) -> None:
+        """A completion vLLM stopped for length before max_new_tokens was cut by engine.max_model_len: it
+        would be scored as an ended answer and escape truncated_rows, mask_truncated and the overlong
+        penalty (a run's prompts are checked against the cap before it starts: run/session.check_context)."""
+        for i, c in enumerate(completions):
+            if c.finish_reason == "length" and len(c.token_ids) < max_new_tokens:
+                cap = self.llm.llm_engine.model_config.max_model_len
+                raise ConfigError(f"The vllm engine stopped response {i} at {len(c.token_ids)} of {max_new_tokens} new "
+                                  f"tokens: its prompt and response exceed engine.max_model_len ({cap}); raise "
+                                  "engine.max_model_len or lower the number of new tokens.")
 
     def _collect(self, completions: list[Any], logprobs: bool, device: torch.device) -> Generation:
         """vLLM's completions → right-padded (N, T) ids, mask (stop token included) and log μ."""

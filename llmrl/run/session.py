@@ -116,7 +116,8 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
         from ..parallel.fsdp import shard_base  # late: only runs that ask for it
 
         dist = shard_base(stack, dist)
-    check_context(task, tokenizer, base.config, config.rollout.max_new_tokens)
+    check_context(task, tokenizer, base.config, config.rollout.max_new_tokens,
+                  config.engine.max_model_len if config.rollout.engine == "vllm" else None)
     engine = build_engine(config.rollout.engine, stack=stack, tokenizer=tokenizer, config=config, dist=dist)
     session = Session(
         config, task, tokenizer, stack, engine, spec, plan_for(config, spec, stack, getattr(engine, "own_weights", False)), make_optimizers(stack, config.update),
@@ -140,9 +141,16 @@ def _record_steps(folder: RunFolder, config: Config) -> None:
         folder.write_config(config)
 
 
-def check_context(task: Task, tokenizer: PreTrainedTokenizerBase, model_config: Any, max_new_tokens: int) -> None:
-    """Refuse prompts that cannot fit, with the response, in the model's context window."""
-    limit = getattr(model_config.get_text_config(), "max_position_embeddings", None)
+def check_context(task: Task, tokenizer: PreTrainedTokenizerBase, model_config: Any, max_new_tokens: int,
+                  engine_limit: int | None = None) -> None:
+    """Refuse prompts that cannot fit, with the response, in the model's context window, or in the vllm
+    engine's `engine.max_model_len` (`engine_limit`) where that is smaller: vLLM would stop such a
+    response at the cap with finish reason 'length' before max_new_tokens (scored as if it had ended,
+    missed by truncated_rows and the overlong penalty), or refuse a longer prompt mid-run."""
+    model_limit = getattr(model_config.get_text_config(), "max_position_embeddings", None)
+    limit, where = model_limit, f"the model's context of {model_limit} tokens"
+    if engine_limit and (not model_limit or engine_limit < model_limit):
+        limit, where = engine_limit, f"the vllm engine's engine.max_model_len of {engine_limit} tokens"
     if not limit:
         return
     for split, rows in (("train", task.train), ("eval", task.eval)):
@@ -153,7 +161,7 @@ def check_context(task: Task, tokenizer: PreTrainedTokenizerBase, model_config: 
             if n + max_new_tokens > limit:
                 raise ConfigError(
                     f"Prompt {i} of the {split} split has {n} tokens; with rollout.max_new_tokens={max_new_tokens} "
-                    f"it exceeds the model's context of {limit} tokens."
+                    f"it exceeds {where}."
                 )
 
 
