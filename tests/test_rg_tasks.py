@@ -72,8 +72,11 @@ def test_strict_and_lenient_readings() -> None:
     assert task.metrics["lenient_accuracy"](prompts, completions, **cols) == [1.0, 1.0, 1.0, 1.0, 0, 0]
     assert rgt.lenient_candidates("Sum: 3\nso <answer> 12 </answer>") == ["12", "so 12"]
     assert rgt.lenient_candidates("**The answer is 7.**\n") == ["7"]
-    lenient = get_task("rg:leg_counting", lenient=True, **SMALL)
-    assert lenient.reward(prompts, completions, **cols)[:4] == [1.0] * 4
+    lenient = get_task("rg:leg_counting", reward="lenient", **SMALL).reward(prompts, completions, **cols)
+    # the last one: reasoning-gym's partial credit, len(answer) / len(line), for the answer inside a longer line
+    assert lenient[:5] == [1.0, 1.0, 1.0, 1.0, 0] and lenient[5] == len(a) / len(completions[5])
+    both = get_task("rg:leg_counting", reward="both", **SMALL).reward(prompts, completions, **cols)
+    assert both == [1.0, 0.5, 0.5, 0.5, 0, lenient[5] / 2]
 
 
 @pytest.mark.parametrize(("spec", "message"), [

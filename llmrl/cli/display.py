@@ -135,9 +135,17 @@ class RichReporter:
         table.add_column("value", justify="right")
         table.add_row("held-out accuracy (greedy)",
                       f"{_pct(summary['eval_accuracy_before'])} → {_pct(summary['eval_accuracy_after'])}")
+        lenient = "eval_lenient_accuracy_after" in summary  # a reasoning-gym task: strict is its <answer> tag
         if "eval_strict_accuracy_after" in summary:
-            table.add_row("held-out strict accuracy (first number stated)",
+            table.add_row(f"held-out strict accuracy ({'<answer> tag' if lenient else 'first number stated'})",
                           f"{_pct(summary['eval_strict_accuracy_before'])} → {_pct(summary['eval_strict_accuracy_after'])}")
+        if lenient:
+            table.add_row("held-out lenient accuracy (last line or number)",
+                          f"{_pct(summary['eval_lenient_accuracy_before'])} → {_pct(summary['eval_lenient_accuracy_after'])}")
+        for key in (k[len("eval_"):-len("_after")] for k in summary if "/" in k and k.endswith("_after")):
+            metric, task = key.split("/", 1)  # a mixture's numbers per task
+            table.add_row(f"  {metric.replace('_', ' ')} of {escape(task)}",
+                          f"{_pct(summary.get(f'eval_{key}_before'))} → {_pct(summary[f'eval_{key}_after'])}")
         if summary.get("eval_eos_rate_after") is not None:
             ends = lambda when: (f"{_pct(summary.get(f'eval_eos_rate_{when}'))} · "  # noqa: E731
                                  f"{_num(summary.get(f'eval_response_len_{when}'))}")

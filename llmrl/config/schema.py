@@ -258,8 +258,9 @@ class RGConfig:
                          "is fixed by (task, its settings, this size, data.split_seed); a run scores its first eval.size",
                          min=1, max=10**5)
     reward: str = opt("strict", "what trains: 'strict' reasoning-gym's score of the last <answer>…</answer>; 'lenient' "
-                      "the best score of the looser readings (last line, last number); both are reported as accuracies",
-                      choices=("strict", "lenient"))
+                      "the best score of the looser readings (last line, last number); 'both' their mean (a right answer "
+                      "outside the tags earns half); strict and lenient accuracy are reported either way",
+                      choices=("strict", "lenient", "both"))
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ tasks offline, each item a {question, answer, metadata} and each dataset with it
   how the reward finds the item's metadata for `score_answer`; `task` column: the task's name;
 - reward (`reward`): `score_answer(extract_answer(c), item)`, where `extract_answer` is the content of
   the completion's last `<answer>…</answer>` pair (reasoning-gym's own extraction); no pair scores 0.
-  A scorer that raises on a completion scores it 0. `rg.reward: lenient` trains on `lenient` instead;
+  A scorer that raises on a completion scores it 0. `rg.reward: lenient` trains on `lenient` instead,
+  `rg.reward: both` on (strict + lenient) / 2 (a right answer outside the tags earns half);
 - metrics, reported by every evaluation: `strict_accuracy` = share of completions whose strict score
   is 1 (full credit), `lenient_accuracy` = share whose `lenient` score is 1, where `lenient` is the
   best `score_answer` over the looser readings of `lenient_candidates` (the tag's content, the text
@@ -246,8 +247,9 @@ def lenient_scores(source: Source, completions: Sequence[str], rg_id: Sequence[i
             for c, i in zip(completions, rg_id, strict=True)]
 
 
-def reward_fns(source: Source, lenient: bool = False) -> tuple[Callable[..., list[float]], dict[str, Callable[..., list[float]]]]:
-    """(reward, {strict_accuracy, lenient_accuracy}): plain callables `fn(prompts, completions, **columns)`."""
+def reward_fns(source: Source, reward: str = "strict") -> tuple[Callable[..., list[float]], dict[str, Callable[..., list[float]]]]:
+    """(reward, {strict_accuracy, lenient_accuracy}): plain callables `fn(prompts, completions, **columns)`;
+    the reward is `rg.reward`'s: the strict score, the lenient one, or 'both', their mean."""
 
     def full(scores: list[float]) -> list[float]:
         return [1.0 if s >= 1.0 else 0.0 for s in scores]
@@ -258,11 +260,16 @@ def reward_fns(source: Source, lenient: bool = False) -> tuple[Callable[..., lis
     def loose(prompts: Sequence[Any], completions: Sequence[str], rg_id: Sequence[int], **_: Any) -> list[float]:
         return lenient_scores(source, completions, rg_id)
 
+    def both(prompts: Sequence[Any], completions: Sequence[str], rg_id: Sequence[int], **_: Any) -> list[float]:
+        return [(s + lo) / 2 for s, lo in zip(strict_scores(source, completions, rg_id),
+                                               lenient_scores(source, completions, rg_id), strict=True)]
+
     strict.__qualname__ = f"{source.spec} (strict)"
     loose.__qualname__ = f"{source.spec} (lenient)"
+    both.__qualname__ = f"{source.spec} (strict + lenient) / 2"
     metrics = {"strict_accuracy": lambda p, c, rg_id, **_: full(strict_scores(source, c, rg_id)),
                "lenient_accuracy": lambda p, c, rg_id, **_: full(lenient_scores(source, c, rg_id))}
-    return (loose if lenient else strict), metrics
+    return {"strict": strict, "lenient": loose, "both": both}[reward], metrics
 
 
 @cache
