@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from llmrl import load_config, read_run, train
 from llmrl.step.groups import extra_prompts, informative, join_samples, join_scores, select_groups
+from llmrl.step.overlong import sequence_rewards
 from llmrl.step.records import Samples, Scores
 from tests.helpers import CLI_SMALL, cli_refused, cli_run, is_timing
 
@@ -118,6 +119,24 @@ def test_extra_prompts_are_new_seeded_and_run_out() -> None:
     assert sorted(extra_prompts(10, set(range(7)), 9, 0, 0, 1).tolist()) == [7, 8, 9]  # only 3 are left
 
 
+def test_the_filter_compares_what_the_estimator_sees_score_plus_overlong_penalty() -> None:
+    """Equal scores, lengths inside DAPO's buffer: the estimator sees score + penalty, so the group has
+    non-zero advantages and is kept. L_max = 10, buffer 0.2 (L_cache = 2): |y| = 8 → 0, 9 → −0.5, 10 → −1."""
+    config = load_config(overrides={"rollout.max_new_tokens": 10, "reward.overlong_buffer": 0.2,
+                                    "reward.overlong_penalty": 1.0})
+    lengths = [8, 9, 10, 7, 8, 8]
+    mask = torch.tensor([[t < n for t in range(10)] for n in lengths])
+    samples = Samples((), torch.zeros(6, 1, dtype=torch.long), torch.ones(6, 1, dtype=torch.bool),
+                      torch.zeros(6, 10, dtype=torch.long), mask, 2, torch.arange(3).repeat_interleave(2), ("",) * 6)
+    scores = torch.ones(6)
+    seen = sequence_rewards(samples, scores, config)
+    torch.testing.assert_close(seen, torch.tensor([1.0, 0.5, 0.0, 1.0, 1.0, 1.0]), atol=1e-6, rtol=0)
+    assert informative(scores, 2).tolist() == [False, False, False]  # the raw scores: every group dropped
+    assert informative(seen, 2).tolist() == [True, True, False]  # [1, .5] and [0, 1] carry signal; [1, 1] none
+    plain = load_config(overrides={"rollout.max_new_tokens": 10})
+    assert sequence_rewards(samples, scores, plain) is scores  # no buffer: the scores themselves
+
+
 # --- runs ----------------------------------------------------------------------------------------
 
 def test_filter_trains_only_on_groups_whose_rewards_differ(tiny_model_dir: Path, tmp_path: Path, reward_file: str) -> None:
@@ -204,6 +223,11 @@ def test_resumed_refill_run_matches_an_uninterrupted_one(tiny_model_dir: Path, t
     (["--set", "rollout.max_draws=2"], "'rollout.max_draws' (2) refills the groups rollout.filter_groups drops"),
     (["--set", "rollout.filter_scale=true"], "'rollout.filter_scale' scales the loss by the share of groups"),
     (["--set", "rollout.oversample=4"], "'rollout.oversample' (4) draws extra prompts for the groups rollout.filter_groups drops"),
+    (["--algo", "grpo", "--set", "rollout.filter_groups=true", "--set", "kl.placement=reward", "--set", "kl.estimator=k1",
+      "--set", "kl.beta=0.1"],
+     "'rollout.filter_groups' compares a group's rewards before the forwards, but with KL in the reward "
+     "(kl.placement=reward, kl.beta=0.1) the estimator sees them minus β·KL, known only after; use kl.placement=loss "
+     "or kl.beta=0."),
 ])
 def test_bad_dynamic_sampling_settings_are_refused(tiny_model_dir: Path, tmp_path: Path, sets: list[str], message: str) -> None:
     out = tmp_path / "run"

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 import yaml
 
 from ..errors import ConfigError
+from .domains import check_domain
 from .model_defaults import defaults_for_model
 from .on_policy import exactly_on_policy, not_on_policy, on_policy_values
 from .schema import Config, ModelConfig
@@ -241,6 +242,7 @@ def build(flat: Mapping[str, Any]) -> Config:
             value = f.metadata["bool_words"][value]
         value = coerce(key, value, tp)
         check_bounds(key, value, f.metadata)
+        check_domain(key, value, tp, f.metadata)
         head, _, leaf = key.partition(".")
         if leaf:
             sections.setdefault(head, {})[leaf] = value
@@ -305,6 +307,10 @@ def _check_consistency(config: Config) -> None:
     _check_sampling_and_kl(config)
     _check_is_band(config.update.is_band)
     _check_filter_groups(config.rollout)
+    if config.rollout.filter_groups and config.kl.placement == "reward" and config.kl.beta > 0:
+        raise ConfigError(f"'rollout.filter_groups' compares a group's rewards before the forwards, but with KL in the "
+                          f"reward (kl.placement=reward, kl.beta={config.kl.beta:g}) the estimator sees them minus "
+                          "β·KL, known only after; use kl.placement=loss or kl.beta=0.")
     if config.update.on_policy_logprobs == "on" and not exactly_on_policy(config):
         raise ConfigError(not_on_policy(config, rows))
     if config.update.on_policy_values == "on" and not on_policy_values(config):

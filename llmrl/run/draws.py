@@ -4,7 +4,8 @@
                                                                  `reward_mean`, comparable across runs)
               + K more prompts in the same batch                (rollout.oversample = K, with the filter:
                                                                  extra_prompts seeded by (seed, step, 0))
-    filter:   keep the groups whose G rewards differ            (rollout.filter_groups)
+    filter:   keep the groups whose G rewards differ            (rollout.filter_groups; the rewards the
+                                                                 estimator sees: score + overlong penalty)
     round d:  n_d more prompts (extra_prompts, seeded by (seed, step, d)), their samples keyed from
               sample index d·G → generate → score → filter      (d = 1 … rollout.max_draws, while
                                                                  fewer than B groups are kept)
@@ -32,6 +33,7 @@ import torch
 
 from ..step.generate import generate
 from ..step.groups import extra_prompts, informative, join_samples, join_scores, select_groups
+from ..step.overlong import sequence_rewards
 from ..step.records import Samples, Scores
 from ..step.score import score
 from .session import Session
@@ -83,7 +85,7 @@ def draw(s: Session, step: int, rows: list[dict[str, Any]], index: torch.Tensor,
             taken |= set(more.tolist())
             drawn, extra = drawn + len(more), extra + 1
             current = one_round([s.task.train[i] for i in more.tolist()], more, d)
-        ok = informative(current[1].scores, g)
+        ok = informative(sequence_rewards(current[0], current[1].scores, cfg), g)
         dropped += int((~ok).sum())
         chosen = ok.nonzero().squeeze(1)[: want - n_kept]
         if len(chosen):

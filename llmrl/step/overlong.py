@@ -44,6 +44,19 @@ def overlong_penalty(lengths: Tensor, max_new_tokens: int, buffer: float, penalt
     return -penalty * ((lengths - (max_new_tokens - cache)) / cache).clamp(0.0, 1.0)
 
 
+def sequence_rewards(samples: Samples, scores: Tensor, config: Config) -> Tensor:
+    """(N,) what a group estimator sees as each response's reward before the forwards: the score plus
+    the overlong penalty of its length (`reward.overlong_buffer`; `apply_overlong` adds the same
+    number on the last token). Dynamic sampling compares these within a group (run/draws.py): a
+    group of equal scores whose lengths differ inside the buffer has non-zero advantages. (KL in the
+    reward, known only after the forwards, is refused with rollout.filter_groups: config/load.py.)"""
+    buffer = config.reward.overlong_buffer
+    if buffer is None:
+        return scores
+    lengths = samples.response_mask.sum(-1).to(scores.dtype)
+    return scores + overlong_penalty(lengths, config.rollout.max_new_tokens, buffer, config.reward.overlong_penalty)
+
+
 def apply_overlong(samples: Samples, rewards: Tensor, config: Config, stop_ids: int | Sequence[int],
                    dist: DistContext = SINGLE) -> tuple[Tensor, Tensor | None, dict[str, Any]]:
     """(rewards, the response mask the update trains on or None, logged stats) after the overlong
