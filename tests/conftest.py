@@ -52,3 +52,14 @@ import importlib.util  # noqa: E402
 # tests/vllm/ needs vLLM, which pins transformers<5.20: tests/vllm/run builds its own virtualenv and
 # runs them there (the README's test command calls it). Elsewhere they are not collected at all.
 collect_ignore_glob = [] if importlib.util.find_spec("vllm") else ["vllm/*"]
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest's hook
+    """The fuzz tests' tally (tests/fuzzing.py): inputs tried per family, how many ran, were refused."""
+    from tests.fuzzing import report_lines
+
+    lines = report_lines()
+    if lines:
+        terminalreporter.section("inputs fuzzed (issue 30)")
+        for line in lines:
+            terminalreporter.write_line(line)

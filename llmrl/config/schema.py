@@ -2,7 +2,7 @@
 
 A key is addressed by its dotted path (`update.lr_actor`), in recipes (nested YAML) and in
 `--set key=value` overrides alike. Field metadata drives validation (`choices`, `min`, `max`,
-`gt`; `bool_words`: the (false, true) choices a YAML boolean stands for, so `on`/`off`/`true` work
+`gt`; `kind`: 'module' for a Python module name; `bool_words`: the (false, true) choices a YAML boolean stands for, so `on`/`off`/`true` work
 for an 'auto'/'on'/'off' key) and the help text `llmrl train --help-config` prints.
 """
 
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from .domains import LR_MAX, SEED_MAX
 
 
 REJECTING_CORRECTIONS = ("token_mask", "seq_mask")
@@ -103,7 +105,7 @@ class RolloutConfig:
 @dataclass(frozen=True)
 class EstimatorConfig:
     name: str | None = opt(None, "advantage estimator; default: the algorithm's own")
-    module: str | None = opt(None, "import this Python module first (it may register estimators)")
+    module: str | None = opt(None, "import this Python module first (it may register estimators)", kind="module")
     gamma: float = opt(1.0, "discount γ", min=0, max=1)
     lam: float = opt(0.95, "GAE λ", min=0, max=1)
     n_step: int = opt(3, "n of the A2C n-step return", min=1)
@@ -128,8 +130,8 @@ class UpdateConfig:
     epochs: int = opt(1, "passes over each rollout batch", min=1)
     minibatch_size: int = opt(256, "rows per optimizer step", min=1)
     micro_batch_size: int | None = opt(None, "rows per forward/backward (gradient accumulation); default: minibatch", min=1)
-    lr_actor: float = opt(2e-5, "AdamW learning rate of the actor adapter", gt=0)
-    lr_critic: float = opt(1e-4, "AdamW learning rate of the critic adapter and value head", gt=0)
+    lr_actor: float = opt(2e-5, "AdamW learning rate of the actor adapter", gt=0, max=LR_MAX)
+    lr_critic: float = opt(1e-4, "AdamW learning rate of the critic adapter and value head", gt=0, max=LR_MAX)
     weight_decay: float = opt(0.0, "AdamW weight decay", min=0)
     lr_schedule: str = opt(
         "constant", "learning-rate factor over the run's steps (both roles): 'constant' 1; 'linear' "
@@ -168,7 +170,8 @@ class UpdateConfig:
         "cispo (clipped, stop-gradient IS weight), or one registered with @register_policy_loss in "
         "update.policy_loss_module; the clip range is update.clip_eps / clip_eps_high for each"
     )
-    policy_loss_module: str | None = opt(None, "import this Python module first (it may register policy losses)")
+    policy_loss_module: str | None = opt(None, "import this Python module first (it may register policy losses)",
+                                         kind="module")
     is_correction: str = opt(
         "tis", "importance-sampling correction of each token's policy-gradient term when the engine's sampler μ is "
         "not the trainer's π_old (docs/engines.md), ρ_t = π_old/μ: off (w = 1), tis (w_t = min(ρ_t, C)), seq_tis "
@@ -221,7 +224,8 @@ class DataConfig:
     split: str = opt("train", "split of a hub dataset to train on")
     eval_dataset: str | None = opt(None, "held-out prompts from this file or hub name; default: hold out data.eval_fraction")
     eval_fraction: float = opt(0.1, "share of the dataset held out for evaluation when no eval_dataset is given", min=0, max=0.9)
-    split_seed: int = opt(1234, "seed of the fixed train/eval shuffle (independent of the run's seed)", min=0)
+    split_seed: int = opt(1234, "seed of the fixed train/eval shuffle (independent of the run's seed)", min=0,
+                          max=SEED_MAX)
     prompt_column: str = opt("prompt", "column holding the prompt: a string or a list of {role, content} messages")
     max_rows: int | None = opt(None, "use only the first N rows of the dataset (and of eval_dataset)", min=1)
     chat_template: str = auto_switch(
@@ -311,10 +315,12 @@ class Config:
     algo: str = opt("ppo", "algorithm preset (see `llmrl algos`)")
     task: str = opt("arithmetic", "task providing prompts and a reward: arithmetic, chat_sum, rg:NAME[?key=value&…] "
                     "(reasoning-gym), A,B,… (a mixture, equal weights) or mix (mix.tasks); `llmrl tasks` lists them")
-    seed: int = opt(0, "seed of every random choice in the run", min=0)
+    seed: int = opt(0, "seed of every random choice in the run (at most 2^32 − 1: numpy's seeds, which vLLM "
+                    "uses; seed·7919 + epoch then fits torch's 64-bit generators)", min=0, max=SEED_MAX)
     steps: int = opt(400, "training steps (one rollout batch each)", min=1)
     out: str | None = opt(None, "run folder; default: runs/<algo>-<task>-<time>")
-    threads: int | None = opt(None, "torch CPU threads; default: torch's choice", min=1)
+    threads: int | None = opt(None, "torch CPU threads; default: torch's choice (at most the machine's CPUs: "
+                              "more threads than cores only wait on each other)", min=1, max=1024)
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)

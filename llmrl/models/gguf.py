@@ -57,8 +57,12 @@ def plain_copy(gguf: str | Path, out_dir: Path | None = None, trust_remote_code:
     returned as is.
     """
     src = Path(gguf).expanduser()
+    if src.is_dir():
+        raise ConfigError(f"Model file '{src}' is a folder, not a .gguf file.")
     if not src.is_file():
         raise ConfigError(f"Model file '{src}' does not exist.")
+    if src.stat().st_size == 0:
+        raise ConfigError(f"Model file '{src}' is empty.")
     out = Path(out_dir) if out_dir else cached_copy_dir(src)
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
@@ -69,9 +73,10 @@ def plain_copy(gguf: str | Path, out_dir: Path | None = None, trust_remote_code:
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(src.parent), **kwargs)
         loaded = AutoModelForCausalLM.from_pretrained(str(src.parent), dtype=torch.float32, **kwargs)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # a file cut short or altered fails inside the gguf reader in many ways
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"Cannot load model '{src}' as a causal LM: {first}") from None
+        first = first if isinstance(exc, (OSError, ValueError)) else f"{type(exc).__name__}: {first}"
+        raise ConfigError(f"Cannot load model '{src}' as a causal LM: {first[:300]}") from None
     try:
         config = loaded.config
         for attr in ("quantization_config", "_pre_quantization_dtype"):

@@ -46,6 +46,21 @@ def model_source(cfg: ModelConfig, show_progress: bool = True) -> tuple[str, str
     return (str(path) if looks_local else cfg.name), None
 
 
+def load_failure(exc: BaseException, source: str) -> str:
+    """What went wrong loading a model, in a few words: the exception's first line, the weights file
+    named when safetensors could not read it (a file cut short or altered)."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, KeyError):
+        return f"missing entry {first}"
+    if type(exc).__name__ == "SafetensorError":
+        files = sorted(p.name for p in Path(source).glob("*.safetensors")) if Path(source).is_dir() else []
+        shown = ", ".join(files[:3]) or "its .safetensors file"
+        return f"the weights file {shown} cannot be read ({first}); it is damaged or incomplete."
+    if isinstance(exc, (OSError, ValueError)):
+        return first
+    return f"{type(exc).__name__}: {first}"
+
+
 CAUSAL_HEADS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 
 
@@ -65,10 +80,8 @@ def load_base(cfg: ModelConfig, show_progress: bool = True) -> tuple[PreTrainedM
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[cfg.dtype], **kwargs)
-    except (OSError, ValueError, KeyError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        first = f"missing entry {first}" if isinstance(exc, KeyError) else first
-        raise ConfigError(f"Cannot load model '{cfg.name}' as a causal LM: {first}") from None
+    except Exception as exc:  # transformers, tokenizers and safetensors raise many kinds for a broken file
+        raise ConfigError(f"Cannot load model '{cfg.name}' as a causal LM: {load_failure(exc, source)}") from None
     check_causal(cfg.name, model)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import torch
 from peft import set_peft_model_state_dict
-from safetensors.torch import load_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .checkpoint import list_checkpoints
+from .checkpoint import list_checkpoints, read_safetensors
 from ..config import Config, load_config
 from ..errors import LLMRLError
 from .folder import MARKER
@@ -57,11 +56,14 @@ def actor_source(run_dir: Path) -> ActorSource:
 
 def _load_checkpoint_actor(stack: PolicyStack, path: Path) -> None:
     """Copy a checkpoint's actor tensors (`of_adapter(name, 'actor')`) into a critic-less stack."""
-    saved = {k: v for k, v in load_file(str(path)).items() if of_adapter(k, "actor")}
+    saved = {k: v for k, v in read_safetensors(path, "checkpoint").items() if of_adapter(k, "actor")}
     named = dict(stack.named_parameters())
     wanted = {n for n in named if of_adapter(n, "actor")}
     if set(saved) != wanted:
         raise LLMRLError(f"Checkpoint {path} does not match the run's model (actor parameters differ).")
+    bad = next((n for n, t in saved.items() if t.shape != named[n].shape), None)
+    if bad is not None:
+        raise LLMRLError(f"Checkpoint {path} does not match the run's model ({bad} has shape {tuple(saved[bad].shape)}).")
     with torch.no_grad():
         for name, tensor in saved.items():
             named[name].copy_(tensor)
@@ -69,8 +71,12 @@ def _load_checkpoint_actor(stack: PolicyStack, path: Path) -> None:
 
 def _load_adapter_actor(stack: PolicyStack, folder: Path) -> None:
     """Load a saved PEFT adapter's weights into the stack's `actor` adapter; every key must land."""
-    weights = load_file(str(folder / ADAPTER_FILE))
-    result = set_peft_model_state_dict(stack.peft, weights, adapter_name="actor")
+    weights = read_safetensors(folder / ADAPTER_FILE, "adapter")
+    try:
+        result = set_peft_model_state_dict(stack.peft, weights, adapter_name="actor")
+    except RuntimeError as exc:  # a tensor of another shape: the file was altered, or is another model's
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise LLMRLError(f"Adapter {folder} does not match the run's model ({first[:200]}).") from None
     missing = [k for k in result.missing_keys if of_adapter(k, "actor")]
     if result.unexpected_keys or missing:
         raise LLMRLError(f"Adapter {folder} does not match the run's model ({len(missing)} missing, "

@@ -117,17 +117,59 @@ def newest_step(root: Path) -> int | None:
     return int(PATTERN.match(found[-1].name).group(1)) if found else None  # type: ignore[union-attr]
 
 
+class CheckpointDamaged(LLMRLError):
+    """A checkpoint file that cannot be read (cut short, bytes changed, empty, a folder in its place)."""
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip()
+    first = text.splitlines()[0].strip().rstrip(".") if text else type(exc).__name__
+    return first[:200]
+
+
+def read_safetensors(path: Path, what: str) -> dict[str, torch.Tensor]:
+    """The tensors of a .safetensors file llmrl wrote (`what`: 'checkpoint', 'adapter'); a file that is
+    missing, cut short or altered is one sentence naming it."""
+    if path.is_dir():
+        raise CheckpointDamaged(f"The {what} file {path} is a folder, not a safetensors file.")
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # SafetensorError, OSError, …: the file is not what llmrl wrote
+        raise CheckpointDamaged(f"The {what} file {path} cannot be read ({_reason(exc)}); it is damaged or "
+                                f"incomplete.") from None
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """A checkpoint's state.pt (optimizer, RNG and KL states); damage is one sentence naming the file."""
+    if path.is_dir():
+        raise CheckpointDamaged(f"The checkpoint file {path} is a folder, not a torch file.")
+    try:
+        state = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as exc:  # UnpicklingError, RuntimeError (zip archive), EOFError, OSError, …
+        raise CheckpointDamaged(f"The checkpoint file {path} cannot be read ({_reason(exc)}); it is damaged or "
+                                f"incomplete.") from None
+    if not isinstance(state, dict) or not {"step", "optimizers", "rng"} <= state.keys():
+        raise CheckpointDamaged(f"The checkpoint file {path} does not hold a checkpoint's state.")
+    return state
+
+
 def load_checkpoint(path: Path, stack: Any) -> dict[str, Any]:
-    """Copy the saved weights into `stack` and return the saved state dict."""
-    weights = load_file(str(path / "trainable.safetensors"))
+    """Copy the saved weights into `stack` and return the saved state dict; a damaged file raises
+    `CheckpointDamaged` before any weight is copied."""
+    weights = read_safetensors(path / "trainable.safetensors", "checkpoint")
+    state = read_state(path / "state.pt")
     named = dict(stack.named_parameters())
     missing = set(weights) ^ set(trainable_state(stack))
     if missing:
         raise LLMRLError(f"Checkpoint {path} does not match this model (parameters differ: {sorted(missing)[:3]}).")
+    bad = next((n for n, t in weights.items() if t.shape != named[n].shape), None)
+    if bad is not None:
+        raise CheckpointDamaged(f"The checkpoint file {path / 'trainable.safetensors'} holds {bad} with shape "
+                                f"{tuple(weights[bad].shape)}, not the model's {tuple(named[bad].shape)}.")
     with torch.no_grad():
         for name, tensor in weights.items():
             named[name].copy_(tensor)
-    return torch.load(path / "state.pt", weights_only=True, map_location="cpu")
+    return state
 
 
 def rng_state() -> dict[str, Any]:

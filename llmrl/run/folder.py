@@ -271,11 +271,11 @@ class RunFolder:
     def create(cls, path: Path, overwrite: bool = False) -> "RunFolder":
         """A fresh folder, locked. A folder that holds a run is refused unless `overwrite`, which
         removes the run's entries (named on stderr); a folder holding anything else is never used."""
-        check_reusable(path)
         try:
+            check_reusable(path)
             path.mkdir(parents=True, exist_ok=True)
             acquire_lock(path)
-        except OSError as exc:
+        except OSError as exc:  # permissions, a file in the way, a name too long for the file system
             raise LLMRLError(f"Cannot write to run folder '{path}': {exc.strerror}.", exit_code=1) from None
         if (path / MARKER).exists():
             if not overwrite:

@@ -33,6 +33,7 @@ from ..tasks import Task, task_from_config, task_slug
 from .data import PromptSampler
 from .evaluate import EvalResult, evaluate, with_groups
 from .folder import ReaderFolder, RunFolder
+from .preflight import check_sizes
 from .reporting import Reporter
 
 
@@ -108,6 +109,7 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
     if config.threads:
         torch.set_num_threads(config.threads)
     base, tokenizer = dist.main_first(lambda: load_base(config.model, show_progress=reporter.interactive), local=True)
+    check_sizes(config, base.config, base.device)  # before the adapters, sized by lora.r, are built
     apply_chat_setting(tokenizer, config.data.chat_template, config.model.name)
     seed_everything(config.seed)
     stack = PolicyStack(base, config.lora, with_critic=spec.needs.critic, share_prompts=config.model.share_prompts)

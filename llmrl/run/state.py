@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, NoReturn
 
 from ..errors import LLMRLError, RunFailed
-from .checkpoint import list_checkpoints, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from .checkpoint import (CheckpointDamaged, list_checkpoints, load_checkpoint, restore_rng, rng_state,
+                         save_checkpoint)
 from .crash import LOG, describe, where, write_log
 from .evaluate import EvalResult
 from .folder import read_run
@@ -56,26 +57,51 @@ def state(s: Session, step: int, before: EvalResult | None, elapsed: float) -> d
 
 
 def restore(s: Session) -> tuple[int, EvalResult | None, float] | None:
-    """Load the newest checkpoint into the session: (completed steps, eval-before, elapsed seconds);
-    None for a run that stopped before completing a step and has no checkpoint."""
+    """Load the newest readable checkpoint into the session: (completed steps, eval-before, elapsed
+    seconds); None for a run that stopped before completing a step and has no checkpoint. A damaged
+    newest checkpoint (a file cut short or altered) is skipped with a warning for the one before it."""
     found = s.dist.broadcast_object(list_checkpoints(s.folder.path))
     if not found:
         if s.dist.broadcast_object(read_run(s.folder.path).metrics if s.dist.is_main else []):
             raise LLMRLError(f"'{s.folder.path}' has no checkpoint to resume from; start it again with --overwrite.")
         s.folder.truncate_metrics(0)
         return None  # stopped before its first step: nothing was trained, so it starts from the beginning
-    saved = load_checkpoint(found[-1], s.stack)
-    s.engine.sync(s.stack)  # an engine with its own weights was loaded from the base: give it the restored actor
-    for role, opt in s.opts.items():
-        opt.load_state_dict(saved["optimizers"][role])
-    s.kl.load_state_dict(saved["kl"])
-    s.generator.set_state(saved["generator"])
-    by_rank = saved.get("rng_by_rank")  # a data-parallel run's per-process RNGs, when the world size matches
-    restore_rng(by_rank[s.dist.rank] if by_rank and len(by_rank) == s.dist.world_size else saved["rng"])
+    damaged: list[CheckpointDamaged] = []
+    for path in reversed(found):
+        try:
+            saved = _load(s, path)
+            break
+        except CheckpointDamaged as exc:
+            damaged.append(exc)
+            older = found[: found.index(path)]
+            if older and s.dist.is_main:
+                print(f"warning: {exc} Resuming from the checkpoint before it, {older[-1].name}.", file=sys.stderr)
+    else:
+        raise LLMRLError(f"No checkpoint of '{s.folder.path}' can be read: {damaged[0]} Start the run again with "
+                         f"--overwrite.")
     s.folder.truncate_metrics(saved["step"])
     before = saved["eval_before"]
     result = None if before is None else EvalResult(before["accuracy"], before["reward_mean"], [])
     return saved["step"], result, float(saved["elapsed_s"])
+
+
+def _load(s: Session, path: Any) -> dict[str, Any]:
+    """Checkpoint `path` into the session's weights, optimizers, KL controller and RNGs; a state that
+    cannot be applied (values altered inside a readable file) is CheckpointDamaged too."""
+    saved = load_checkpoint(path, s.stack)
+    try:
+        for role, opt in s.opts.items():
+            opt.load_state_dict(saved["optimizers"][role])
+        s.kl.load_state_dict(saved["kl"])
+        s.generator.set_state(saved["generator"])
+        by_rank = saved.get("rng_by_rank")  # a data-parallel run's per-process RNGs, when the world size matches
+        restore_rng(by_rank[s.dist.rank] if by_rank and len(by_rank) == s.dist.world_size else saved["rng"])
+        int(saved["step"]), float(saved["elapsed_s"])
+    except Exception as exc:  # KeyError, ValueError, TypeError, RuntimeError of a state whose bytes changed
+        raise CheckpointDamaged(f"The checkpoint file {path / 'state.pt'} holds a state that cannot be restored "
+                                f"({type(exc).__name__}: {str(exc).strip()[:120]}).") from None
+    s.engine.sync(s.stack)  # an engine with its own weights was loaded from the base: give it the restored actor
+    return saved
 
 
 def checkpoint(s: Session, step: int, before: EvalResult | None, elapsed: float) -> None:
