@@ -60,6 +60,14 @@ def test_reward_is_reasoning_gyms_own_scorer_on_the_same_answers() -> None:
     assert task.reward([rows[0]["prompt"]], [answers[0]], answer=answers[:1], rg_id=[rows[0]["rg_id"]]) == [0.0]
 
 
+def test_generator_settings_from_the_query_string() -> None:
+    task = _task("rg:basic_arithmetic?operators=[+,-]&max_terms=2&max_digits=1", eval_size=30)
+    questions = [r["prompt"].split("\n")[0] for r in task.eval]
+    assert all("*" not in q and "/" not in q for q in questions) and any("-" in q for q in questions)
+    assert rgt.parse("rg:leg_counting?max_animals=3&x=true&y=[1, 2]&z=a") == (
+        "leg_counting", {"max_animals": 3, "x": True, "y": [1, 2], "z": "a"})
+
+
 def test_strict_and_lenient_readings() -> None:
     task = _task("rg:leg_counting")
     row = task.eval[0]

@@ -116,8 +116,9 @@ def config_fields(name: str) -> dict[str, Any]:
 
 
 def check_settings(name: str, settings: Mapping[str, Any], spec: str) -> dict[str, Any]:
-    """The generator's settings, checked against its config's fields (one sentence per mistake);
-    a list given for a tuple field becomes a tuple."""
+    """The generator's settings, checked against its config's fields (one sentence per mistake); for a
+    list or tuple field a string 'a,b' or '[a, b]' is the list of its parts, a list becomes a tuple
+    where the field is one."""
     fields = config_fields(name)
     out = {}
     for key, value in settings.items():
@@ -127,6 +128,8 @@ def check_settings(name: str, settings: Mapping[str, Any], spec: str) -> dict[st
         if key not in fields:
             raise ConfigError(f"Task '{spec}': reasoning-gym's '{name}' has no setting '{key}'; its settings: "
                               f"{', '.join(fields) or 'none'}.")
+        if isinstance(fields[key], (tuple, list)) and isinstance(value, str):  # operators=+,- or [+, -]
+            value = [v.strip() for v in value.strip().strip("[]()").split(",") if v.strip()]
         out[key] = tuple(value) if isinstance(fields[key], tuple) and isinstance(value, list) else value
     return out
 
@@ -138,7 +141,7 @@ def _generator(name: str, settings: Mapping[str, Any], seed: int, size: int, spe
         return create_dataset(name, **settings, seed=seed, size=size)
     except AssertionError as exc:  # reasoning-gym's configs validate with assert
         raise ConfigError(f"Task '{spec}': reasoning-gym refuses the settings: {exc or 'invalid value'}.") from None
-    except (TypeError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a wrong type reaches the generator's own code: one sentence
         raise ConfigError(f"Task '{spec}': reasoning-gym refuses the settings ({type(exc).__name__}: {exc}).") from None
 
 
