@@ -41,6 +41,7 @@ def test_train_and_held_out_questions_are_disjoint_and_the_held_out_set_is_fixed
     gen = reasoning_gym.create_dataset("leg_counting", **small, seed=1234, size=60)
     assert [r["answer"] for r in task.eval] == [gen[i]["answer"] for i in range(60)]
     assert task.eval[0]["prompt"] == f"{gen[0]['question'].rstrip()}\n\n{rgt.INSTRUCTION}"
+    assert _task("rg:leg_counting", small).train == task.train  # a resumed run regenerates the same rows
     other = _task("rg:leg_counting", small, split_seed=7)
     assert [r["prompt"] for r in other.eval] != [r["prompt"] for r in task.eval]
 
@@ -234,3 +235,31 @@ def test_compare_reports_a_mixtures_accuracy_per_task(tmp_path: Path) -> None:
     table = "\n".join(_task_table({"tasks": tasks}))
     assert "| `grpo` | 10.0 ± 0.0 → 30.0 ± 14.1 % | — → 50.0 ± 14.1 % |" in table and "`rg:a` strict before → after" in table
     assert _task_table({"tasks": {}}) == []
+
+
+def test_eval_of_one_task_of_a_mixture_run_drops_the_runs_mixture() -> None:
+    from types import SimpleNamespace
+
+    from llmrl.model_eval import resolve_task
+
+    cfg = load_config(overrides={"task": "mix"}, sets=[
+        "mix.tasks=[{name: rg:leg_counting, weight: 3}, chat_sum]", "rg.train_size=20", "rg.eval_size=10"])
+    target = SimpleNamespace(config=cfg)
+    assert resolve_task(None, target).by == "task"
+    one = resolve_task("rg:chain_sum", target)
+    assert one.name == "rg:chain_sum" and one.by is None and len(one.eval) == 10
+
+
+def test_compare_on_a_mixture_reports_each_task(long_tiny_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "cmp"
+    sets = ["rollout.prompts_per_step=2", "rollout.num_generations=2", "update.minibatch_size=4",
+            "rollout.max_new_tokens=4", "eval.size=4", "eval.every=0", "rg.train_size=20", "rg.eval_size=4",
+            "threads=1", "checkpoint.every=0"]
+    code, stdout, stderr = cli_run(["compare", "--algos", "grpo,rloo", "--model", str(long_tiny_dir), "--steps", "1",
+                                    "--task", "rg:basic_arithmetic,rg:chain_sum", "--out", str(out),
+                                    *[a for s in sets for a in ("--set", s)]])
+    assert code == 0, stdout + stderr
+    report = (out / "report.md").read_text()
+    assert "## Held-out accuracy per task" in report and "`rg:chain_sum` strict before → after" in report
+    tasks = json.loads((out / "summary.json").read_text())["tasks"]
+    assert set(tasks) == {"grpo", "rloo"} and set(tasks["rloo"]) == {"rg:basic_arithmetic", "rg:chain_sum"}
