@@ -168,6 +168,8 @@ def test_mixture_rows_weights_reward_and_per_task_accuracy() -> None:
                    "lenient_accuracy/rg:leg_counting": 0.5, "accuracy/rg:basic_arithmetic": 0.5,
                    "strict_accuracy/rg:basic_arithmetic": 0.5, "lenient_accuracy/rg:basic_arithmetic": 0.5,
                    "accuracy/chat_sum": 0.5, "strict_accuracy/chat_sum": 0.5, "lenient_accuracy/chat_sum": 0.5}
+    twice = task_from_config(load_config(overrides={"task": "chat_sum,chat_sum"}))  # a repeated name is numbered
+    assert {r["task"] for r in twice.eval} == {"chat_sum", "chat_sum#2"} and len(twice.eval) == 200
     # each row is scored by its own task's reward
     alone = get_task("rg:leg_counting", train_size=60, eval_size=20)  # as in the mixture: rg_id counts its train rows
     leg = [r for r in rows if r["task"] == "rg:leg_counting"]

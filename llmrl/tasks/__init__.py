@@ -83,7 +83,8 @@ def get_task(name: str, settings: dict[str, Any] | None = None, *, train_size: i
                           "(a reasoning-gym dataset; `llmrl tasks` lists them).")
     if settings:
         raise ConfigError(f"Task '{name}' is built in and takes no config; only rg:NAME tasks do.")
-    return TASKS[name]()
+    task = TASKS[name]()
+    return replace(task, name=label) if label else task
 
 
 def task_slug(task: str) -> str:
