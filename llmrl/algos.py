@@ -57,7 +57,7 @@ ALGOS: dict[str, Algo] = {
         Algo("gspo", "grpo", "Zheng et al. 2025 (GSPO)",
              {"update.policy_loss": "gspo", "update.clip_eps": 3e-4, "update.clip_eps_high": 4e-4,
               "update.loss_agg": "seq-mean-token-mean", "kl.beta": 0.0, **_ONE_UPDATE, **_GROUPS}),
-        # DAPO: clip-higher, token-level loss over the batch, no KL, overlong shaping and filtering
+        # DAPO: clip-higher, token-level loss over each minibatch, no KL, overlong shaping and filtering
         # (L_cache = 0.2·L_max, the paper's 4096 of 20480), dynamic sampling with at most 3 refill
         # rounds (verl's max_num_gen_batches is 10; a round is most of a step's cost on a CPU)
         Algo("dapo", "grpo", "Yu et al. 2025 (DAPO)",

@@ -81,6 +81,29 @@ def changed_names(stack: PolicyStack) -> list[str]:
     return list(dict.fromkeys(wanted))
 
 
+def _layer_key(name: str) -> str:
+    """The decoder layer a tensor belongs to (its name up to the first number: `model.layers.3`),
+    or the tensor's own name outside the layer list (`model.norm.weight`, `lm_head.weight`)."""
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return name
+
+
+def buckets(names: list[str]) -> list[list[str]]:
+    """`names` (from `changed_names`, in the model's order) cut into per-layer buckets: a sync builds
+    and pushes one bucket's merged tensors at a time, so its peak extra memory is one layer's W′, not
+    the whole model's. A `FUSED` group lies inside one layer, so it is never split."""
+    out: list[list[str]] = []
+    for name in names:
+        if out and _layer_key(out[-1][-1]) == _layer_key(name):
+            out[-1].append(name)
+        else:
+            out.append([name])
+    return out
+
+
 def _base_weight(stack: PolicyStack, module_name: str) -> Tensor:
     module = stack.peft.get_submodule(PREFIX + module_name)
     return (module.base_layer if isinstance(module, LoraLayer) else module).weight

@@ -3,9 +3,10 @@
 It is loaded once from the frozen base's folder, on the run's device, and keeps its own copy of the
 weights; after every update `sync` brings the actor's weights to it:
 
-    engine.sync: merged   W' = W + s·B·A for the adapted layers only (actor_weights.py), pushed
-                          through the worker's `reload_weights`; the prefix cache is reset, since
-                          its KV was computed with the old weights
+    engine.sync: merged   W' = W + s·B·A for the adapted layers only (actor_weights.py), built and
+                          pushed one decoder layer at a time (`buckets`: the sync's extra memory is
+                          one layer's W′) through the worker's `reload_weights`; the prefix cache is
+                          reset, since its KV was computed with the old weights
     engine.sync: adapter  the actor's LoRA adapter saved as a PEFT folder and served as a new
                           `LoRARequest` (one base in memory; vLLM's CPU LoRA kernels are slow)
 
@@ -36,7 +37,7 @@ from ..models.load import BUILTIN_MODELS, DTYPES, model_source, resolve_device
 from ..models.stack import PolicyStack
 from ..models.tokenizer import stop_token_ids
 from ..parallel.distributed import SINGLE, DistContext, world_from_env
-from .actor_weights import ADAPTER, ActorSnapshot, actor_is_base, actor_tensors, changed_names
+from .actor_weights import ADAPTER, ActorSnapshot, actor_is_base, actor_tensors, buckets, changed_names
 from .base import Generation, GenerationRequest, register_engine
 
 MISSING = ("rollout.engine 'vllm' needs vLLM, which is not installed: pip install 'llmrl[vllm]' on a GPU "
@@ -103,6 +104,7 @@ class VLLMEngine:
         self._sleep, self._asleep = sleep, False
         self.syncs = self.skipped = 0
         self.sync_bytes = 0  # bytes pushed by the last sync
+        self.sync_peak_bytes = 0  # of which alive at once: the largest per-layer bucket (actor_weights.buckets)
         if not actor_is_base(stack):  # a trained actor (llmrl eval of a run): the loaded base is not it
             self._push(stack)
 
@@ -172,7 +174,7 @@ class VLLMEngine:
         """Bring the actor's current weights to the engine, unless none changed since the last sync."""
         if self._synced.matches(stack):
             self.skipped += 1
-            self.sync_bytes = 0
+            self.sync_bytes = self.sync_peak_bytes = 0
             return
         self._push(stack)
 
@@ -180,9 +182,14 @@ class VLLMEngine:
         """Send the actor's tensors (or adapter) to the engine, whatever it held."""
         self._wake()
         if self.sync_mode == "merged":
-            tensors = actor_tensors(stack, self._names, self.dtype)
-            self.llm.collective_rpc(_reload, args=(list(tensors.items()),))
-            self.sync_bytes = sum(x.numel() * x.element_size() for x in tensors.values())
+            self.sync_bytes = self.sync_peak_bytes = 0
+            for bucket in buckets(self._names):  # one layer's W′ alive at a time
+                tensors = actor_tensors(stack, bucket, self.dtype)
+                self.llm.collective_rpc(_reload, args=(list(tensors.items()),))
+                size = sum(x.numel() * x.element_size() for x in tensors.values())
+                self.sync_bytes += size
+                self.sync_peak_bytes = max(self.sync_peak_bytes, size)
+                del tensors
         else:
             self._push_adapter(stack)
         self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
@@ -198,7 +205,7 @@ class VLLMEngine:
         stack.peft.save_pretrained(str(folder), selected_adapters=[ADAPTER])
         path = folder / ADAPTER if (folder / ADAPTER).is_dir() else folder  # peft nests non-default adapters
         self._lora = LoRARequest(f"actor-{self.syncs + 1}", self.syncs + 1, str(path))
-        self.sync_bytes = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+        self.sync_bytes = self.sync_peak_bytes = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
 
     # ---- memory -------------------------------------------------------------------------------
     def _wake(self) -> None:
@@ -221,8 +228,10 @@ class VLLMEngine:
                  params * torch.empty((), dtype=self.dtype).element_size()), ("vllm engine KV cache", 0, kv)]
 
     def stats(self) -> dict[str, float]:
-        """Logged with every step: MiB the step's sync pushed (0: skipped), and the syncs skipped so far."""
-        return {"engine_sync_mb": self.sync_bytes / 2**20, "engine_syncs_skipped": float(self.skipped)}
+        """Logged with every step: MiB the step's sync pushed (0: skipped), the most of it built at once
+        (one layer's bucket of merged tensors, or the adapter's files), and the syncs skipped so far."""
+        return {"engine_sync_mb": self.sync_bytes / 2**20, "engine_sync_peak_mb": self.sync_peak_bytes / 2**20,
+                "engine_syncs_skipped": float(self.skipped)}
 
 
 def _llm_settings(config: Any, source: str, device: torch.device, dtype: torch.dtype, lora_rank: int) -> dict[str, Any]:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import is_timing
 
 SMALL = ["--set", "rollout.prompts_per_step=16", "--set", "update.minibatch_size=16", "--set", "eval.size=16",
@@ -37,6 +39,8 @@ def test_a_run_with_the_vllm_engine_syncs_every_step_and_logs_the_mismatch(tmp_p
     assert [r["step"] for r in metrics] == [1, 2]
     for r in metrics:
         assert r["time_sync_s"] > 0 and r["engine_sync_mb"] > 0  # the actor changed at every step: pushed
+        # pushed one decoder layer at a time: the tiny model's 2 layers are the same size, so half of it at once
+        assert r["engine_sync_peak_mb"] == pytest.approx(r["engine_sync_mb"] / 2, abs=1e-9)
         # float32 engine and trainer: μ and π_old agree to rounding, so the weights are ~1 and nothing is cut
         assert r["is_logprob_diff_max"] < 1e-4 and abs(r["is_weight_mean"] - 1) < 1e-4
         assert r["is_truncated_frac"] == 0.0
