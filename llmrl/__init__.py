@@ -3,12 +3,28 @@
     from llmrl import load_config, train, read_run
     run = train(load_config(overrides={"algo": "grpo", "steps": 20, "out": "runs/demo"}))
     print(run.summary["eval_accuracy_after"])
+
+`train`, `Run` and `read_run` are imported on first use (they pull in torch, transformers and peft), so
+the command line can check the installation before any of them loads (`config/install.py`).
 """
 
+from typing import Any
+
 from .config import Config, load_config
-from .run.loop import train
 from .errors import LLMRLError
-from .run.folder import Run, read_run
 
 __all__ = ["Config", "LLMRLError", "Run", "load_config", "read_run", "train"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("train", "Run", "read_run"):
+        from .config.install import broken_extras
+
+        broken = broken_extras()
+        if broken:
+            raise ImportError(broken)
+        from .run import folder, loop
+
+        return {"train": loop.train, "Run": folder.Run, "read_run": folder.read_run}[name]
+    raise AttributeError(f"module 'llmrl' has no attribute '{name}'")

@@ -217,3 +217,20 @@ def test_a_value_that_trains_for_ever_runs_until_stopped(key: str, tiny_model_di
     _one_sentence(1, done.stdout, done.stderr, (1,))
     assert "Interrupted" in done.stderr and f"llmrl train --resume {out}" in done.stderr, done.stderr
     assert before == _user_files(tmp_path)
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ("lora.r=33", "'lora.r' (33) exceeds the model's hidden size (32): a LoRA update of a layer has rank at most "
+                  "its width, so a larger rank only adds parameters."),
+    (f"threads={(os.cpu_count() or 1) + 1}", f"'threads' ({(os.cpu_count() or 1) + 1}) exceeds the "
+                                             f"{os.cpu_count() or 1} CPUs of this machine;"),
+    ("rollout.prompts_per_step=2147483648", "One step decodes 2,147,483,648 rows ((rollout.prompts_per_step + "
+                                            "rollout.oversample) × rollout.num_generations); their KV cache and "
+                                            "logits alone need"),
+])
+def test_sizes_the_machine_cannot_hold_are_refused_before_the_stack(setting: str, message: str, tiny_model_dir: Path,
+                                                                     tmp_path: Path) -> None:
+    code, out, err = cli_run(["train", "--model", str(tiny_model_dir), "--steps", "1", "--out", str(tmp_path / "r"),
+                              *CLI_SMALL, "--set", "update.minibatch_size=1", "--set", setting])
+    _one_sentence(code, out, err, (2,))
+    assert message in err, err

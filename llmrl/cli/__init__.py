@@ -6,7 +6,14 @@ import os
 import sys
 import warnings
 
-import typer
+from ..config.install import broken_extras
+
+_broken = broken_extras()  # before transformers and peft fail to import with a traceback
+if _broken:
+    print(f"error: {_broken}", file=sys.stderr)
+    raise SystemExit(2)
+
+import typer  # noqa: E402
 from transformers.utils import logging as hf_logging
 
 from .algos_cmd import advantages, algos, losses

@@ -12,6 +12,7 @@ from ..algos import ALGOS
 from ..run.checkpoint import newest_step
 from ..config import load_config
 from ..errors import ConfigError
+from ..run.actor import check_run_config
 from ..run.loop import train as run_training
 from .display import RichReporter
 from .errors import friendly
@@ -64,6 +65,7 @@ def train(
             raise ConfigError("--resume continues a run with its own settings; only --steps may be given with it.")
         if not (resume / "config.yaml").is_file():
             raise ConfigError(f"'{resume}' is not a run folder (no config.yaml); nothing to resume.")
+        check_run_config(resume)
         config = load_config(resume / "config.yaml", {"out": str(resume), "steps": steps})
         if finished(resume, config.steps):
             print(f"'{resume}' has finished its {config.steps} steps; nothing to resume "

@@ -69,7 +69,8 @@ def describe(tp: Any, meta: Mapping[str, Any]) -> str:
     if base in (int, float):
         low = f"> {_num(meta['gt'])}" if "gt" in meta else _num(meta["min"]) if "min" in meta else None
         high = meta.get("max", INT_MAX if base is int else FLOAT_MAX)
-        span = f"{low} … {_num(high)}" if low is not None else f"|x| ≤ {_num(high)}" if base is float else f"≤ {_num(high)}"
+        span = (f"{low} … {_num(high)}" if low is not None
+                else f"|x| ≤ {_num(high)}" if base is float else f"≤ {_num(high)}")
         return f"{base.__name__} {span}{none}"
     if base is str:
         return ("Python module name" if meta.get("kind") == "module" else "text") + none

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+import yaml
 from peft import set_peft_model_state_dict
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -36,10 +37,31 @@ class ActorSource:
         return f"{self.kind} {self.path}"
 
 
+RESUME_KEYS = ("algo", "task", "seed", "steps", "model", "lora", "rollout", "estimator", "kl", "update", "eval",
+               "checkpoint")  # top-level entries of every config.yaml llmrl has written
+
+
+def check_run_config(path: Path) -> None:
+    """Refuse a run's config.yaml cut short or edited into another shape (a resume would silently train
+    with defaults for what it lost); one that is not YAML at all, the config loader names."""
+    try:
+        tree = yaml.safe_load((path / MARKER).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return
+    lost = [k for k in RESUME_KEYS if not isinstance(tree, dict) or k not in tree]
+    named = not lost and isinstance(tree["model"], dict) and isinstance(tree["model"].get("name"), str)
+    lost = lost or ([] if named else ["model.name"])
+    if lost:
+        raise LLMRLError(f"'{path / MARKER}' is not a whole llmrl run config (it lacks {', '.join(lost[:4])}"
+                         f"{', …' if len(lost) > 4 else ''}): it was cut short or edited; restore it, or start the "
+                         f"run again with --overwrite.")
+
+
 def run_config(run_dir: Path) -> Config:
     """The resolved configuration a run was trained with (its config.yaml)."""
     if not (run_dir / MARKER).is_file():
         raise LLMRLError(f"'{run_dir}' is not a run folder (no {MARKER}).")
+    check_run_config(run_dir)
     return load_config(run_dir / MARKER, {"out": str(run_dir)})
 
 

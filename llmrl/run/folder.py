@@ -34,7 +34,7 @@ from ..rewards.builtin import BUILTINS
 
 MARKER = "config.yaml"
 RUN_PARTS = ("adapters", "checkpoints", "tensorboard", "value_head.safetensors", MARKER, "metrics.jsonl",
-             "summary.json", "completions.jsonl", "curves.png", "error.log")  # every entry a run folder can hold (README)
+             "summary.json", "completions.jsonl", "curves.png", "error.log")  # every entry a run can hold (README)
 LOCK = ".lock"
 OWN = (*RUN_PARTS, "wandb", ".wandb-id", LOCK)  # everything llmrl writes into a run folder
 CONFIG_KEYS = {"algo", "model", "rollout", "update"}  # top-level keys every stored config.yaml has

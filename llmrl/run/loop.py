@@ -24,7 +24,7 @@ from .folder import Run, folder_locks, read_run
 from .memory import engine_costs, role_costs
 from .one_step import run_step
 from .reporting import NullReporter, Reporter
-from .session import Session, run_eval, setup
+from .session import Session, record_steps, run_eval, setup
 from .checkpoint import list_checkpoints, newest_step
 from .crash import LOG, unexpected, write_log
 from .signals import graceful_stop
@@ -71,6 +71,8 @@ def _train(config: Config, reporter: Reporter, overwrite: bool, resume: bool, di
     with nullcontext() if resume else _nothing_trained_yet(s):
         reporter.start(config, role_costs(s.stack) + engine_costs(s.engine), s.folder.path)
         restored = restore(s) if resume else None
+        if resume:  # only now: a resume refused (no readable checkpoint) leaves config.yaml as it was
+            s.dist.main_only(lambda: record_steps(s.folder, config))
         if restored is not None:
             start, before, elapsed = restored
             reporter.resumed(start)

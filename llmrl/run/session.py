@@ -129,15 +129,14 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
     )
     # config.yaml last: from the moment it exists the caller's Ctrl-C handler says how to resume
     # (loop._nothing_trained_yet), so nothing slow may run between this write and the return
-    if not resume:
+    if not resume:  # a resumed run records a new length once its checkpoint is restored (`record_steps`)
         folder.write_config(config)
-    else:  # a run extended with --steps records its new length: config.yaml stays the recipe of the run
-        dist.main_only(lambda: _record_steps(folder, config))
     return session
 
 
-def _record_steps(folder: RunFolder, config: Config) -> None:
-    """Rewrite RUN/config.yaml when the resumed run's `steps` differ from the stored ones."""
+def record_steps(folder: RunFolder, config: Config) -> None:
+    """Rewrite RUN/config.yaml when the resumed run's `steps` differ from the stored ones (a run
+    extended with --steps records its new length: config.yaml stays the recipe of the run)."""
     stored = yaml.safe_load((folder.path / "config.yaml").read_text()) or {}
     if stored.get("steps") != config.steps:
         folder.write_config(config)

@@ -70,12 +70,13 @@ def restore(s: Session) -> tuple[int, EvalResult | None, float] | None:
     for path in reversed(found):
         try:
             saved = _load(s, path)
-            break
         except CheckpointDamaged as exc:
             damaged.append(exc)
-            older = found[: found.index(path)]
-            if older and s.dist.is_main:
-                print(f"warning: {exc} Resuming from the checkpoint before it, {older[-1].name}.", file=sys.stderr)
+            continue
+        if damaged and s.dist.is_main:
+            which = "the checkpoint before it" if len(damaged) == 1 else "the newest one that can be read"
+            print(f"warning: {damaged[0]} Resuming from {which}, {path.name}.", file=sys.stderr)
+        break
     else:
         raise LLMRLError(f"No checkpoint of '{s.folder.path}' can be read: {damaged[0]} Start the run again with "
                          f"--overwrite.")

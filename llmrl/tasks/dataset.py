@@ -149,6 +149,8 @@ def _call(load: Any, name: str, hub: bool = False) -> Any:
     import datasets
 
     datasets.disable_progress_bars()
+    verbosity = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its own error log (with a traceback) of a broken file
     try:
         return load()
     except (Exception, StopIteration) as exc:  # the datasets library raises many kinds; one sentence for all
@@ -156,3 +158,5 @@ def _call(load: Any, name: str, hub: bool = False) -> Any:
         first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
         where = "from the Hugging Face hub" if hub else "from file"
         raise ConfigError(f"Cannot load dataset '{name}' {where}: {first}") from None
+    finally:
+        datasets.logging.set_verbosity(verbosity)
