@@ -15,7 +15,7 @@ LAYERS = [
     ["config", "algos"],
     ["losses", "corrections", "estimators", "kl_control"],
     ["models"],
-    ["tasks", "rewards"],
+    ["tasks", "rewards", "envs"],
     ["parallel"],
     ["engines"],
     ["step"],

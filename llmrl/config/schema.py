@@ -100,6 +100,16 @@ class RolloutConfig:
         True, "take log π_old of the drawn tokens from the decoding logits instead of a second no-grad "
         "forward of the actor (same float32 math; float16/bfloat16 models always use the forward)",
     )
+    env: str | None = opt(
+        None, "environment of multi-turn episodes: a built-in (calculator) or module:Class / file.py:Class; "
+        "default: the task's own (task calc: calculator), none for a single-turn task (docs/environments.md)")
+    max_turns: int = opt(4, "with an environment: at most this many assistant turns per episode", min=1, max=1000)
+    max_episode_tokens: int | None = opt(
+        None, "with an environment: an episode ends once its response (the model's and the environment's tokens "
+        "after the prompt) reaches this many tokens; null: only max_turns × max_new_tokens bounds the model's part",
+        min=1, max=1_000_000)
+    tool_timeout_s: float = opt(5.0, "with a tool environment: seconds one tool call may run before it counts "
+                                "as failed (the model reads the error)", gt=0, max=3600)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ def resolve_function(name: str) -> Callable[..., Any]:
     if not sep or not target or not fn_name:
         raise ConfigError(f"Reward '{name}' is not a built-in ({', '.join(BUILTINS)}), a 'module:function', "
                           f"a 'file.py:function' or a reward-model folder.")
-    module = _load_file(target) if target.endswith(".py") else _import(target)
+    module = load_target(target)
     fn = getattr(module, fn_name, None)
     if fn is None:
         raise ConfigError(f"Reward '{name}': '{target}' has no function '{fn_name}'.")
@@ -49,21 +49,27 @@ def check_options(name: str, fn: Callable[..., Any], options: dict[str, Any]) ->
             raise ConfigError(f"Reward '{name}' has no option '{key}'; its options: {valid}.")
 
 
-def _import(module: str) -> ModuleType:
+def load_target(target: str, kind: str = "reward") -> ModuleType:
+    """The module `target` names: a `file.py` path or an importable module; `kind` names what it
+    holds in the error messages (a reward, an environment: envs/base.py)."""
+    return _load_file(target, kind) if target.endswith(".py") else _import(target, kind)
+
+
+def _import(module: str, kind: str = "reward") -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise ConfigError(f"Cannot import reward module '{module}': {exc}.") from None
+        raise ConfigError(f"Cannot import {kind} module '{module}': {exc}.") from None
     except Exception as exc:  # the user's module failed while importing
-        raise ConfigError(f"Importing reward module '{module}' raised {type(exc).__name__}: {exc}.") from None
+        raise ConfigError(f"Importing {kind} module '{module}' raised {type(exc).__name__}: {exc}.") from None
 
 
-def _load_file(path: str) -> ModuleType:
+def _load_file(path: str, kind: str = "reward") -> ModuleType:
     p = Path(path).expanduser()
     if not p.is_file():
-        raise ConfigError(f"Reward file '{path}' does not exist.")
+        raise ConfigError(f"{kind.capitalize()} file '{path}' does not exist.")
     key = hashlib.sha256(str(p.resolve()).encode()).hexdigest()[:10]
-    mod_name = f"llmrl_user_reward_{p.stem}_{key}"
+    mod_name = f"llmrl_user_{kind}_{p.stem}_{key}"
     if mod_name in sys.modules:
         return sys.modules[mod_name]
     spec = importlib.util.spec_from_file_location(mod_name, p)
@@ -74,5 +80,5 @@ def _load_file(path: str) -> ModuleType:
         spec.loader.exec_module(module)
     except Exception as exc:
         del sys.modules[mod_name]
-        raise ConfigError(f"Importing reward file '{path}' raised {type(exc).__name__}: {exc}.") from None
+        raise ConfigError(f"Importing {kind} file '{path}' raised {type(exc).__name__}: {exc}.") from None
     return module

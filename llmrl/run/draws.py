@@ -26,11 +26,13 @@ the actor loss's scale with rollout.filter_scale), reward_mean_trained.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, ContextManager
 
 import torch
 
+from ..models.tokenizer import stop_token_ids
+from ..step.episodes import episode_stats, generate_episodes
 from ..step.generate import generate
 from ..step.groups import extra_prompts, informative, join_samples, join_scores, select_groups
 from ..step.overlong import sequence_rewards
@@ -65,6 +67,8 @@ def draw(s: Session, step: int, rows: list[dict[str, Any]], index: torch.Tensor,
             scores = s.dist.agree(lambda: score(samples, s.task.reward, device))
         return samples, scores
 
+    if s.env is not None:  # episodes (rollout.env): one round, the episode-aware generate
+        return _episodes(s, step, rows, index, clock)
     if not cfg.rollout.filter_groups:
         first = one_round(rows, index, 0)
         return Drawn(first[0], first[1], first[1], {})
@@ -100,3 +104,20 @@ def draw(s: Session, step: int, rows: list[dict[str, Any]], index: torch.Tensor,
     stats = {"ds_draws": extra, "ds_prompts": drawn, "groups_dropped": dropped, "groups_kept": n_kept,
              "kept_share": n_kept / want, "reward_mean_trained": scores.scores.mean().item()}
     return Drawn(samples, scores, first[1], stats)
+
+
+def _episodes(s: Session, step: int, rows: list[dict[str, Any]], index: torch.Tensor,
+              clock: Callable[[str], ContextManager[None]]) -> Drawn:
+    """Episodes in the environment `s.env` (step/episodes.py): the task's reward of each episode's last
+    turn plus the environment's summed per-turn rewards, and the episode metrics."""
+    cfg, plan, device = s.config, s.plan, s.stack.lm.device
+    assert s.env is not None
+    with clock("generate"):
+        samples = generate_episodes(s.engine, s.tokenizer, s.env, rows, index, cfg=cfg.rollout, seed=cfg.seed,
+                                    step=step, device=device, stop_ids=stop_token_ids(s.tokenizer, s.stack.lm),
+                                    logprobs=(plan.old_logprobs and plan.from_generation) or plan.behaviour)
+    with clock("score"):
+        scores = score(samples, s.task.reward, device)
+    assert samples.episodes is not None
+    scores = replace(scores, scores=scores.scores + samples.episodes.env_reward.to(device))
+    return Drawn(samples, scores, scores, episode_stats(samples))

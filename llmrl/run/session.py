@@ -16,6 +16,7 @@ from ..algos import preset_for
 from ..config import Config
 from ..config.on_policy import on_policy_update, on_policy_values
 from ..engines import GenerationEngine, build_engine, check_engine
+from ..envs import ENVS, EnvSpec, resolve_env
 from ..errors import ConfigError
 from ..estimators import EstimatorSpec, get_estimator, import_user_module
 from ..kl_control import KLController
@@ -55,6 +56,7 @@ class Session:
     folder: RunFolder
     generator: torch.Generator
     dist: DistContext = SINGLE  # this process's place in a data-parallel run: every collective goes through it
+    env: EnvSpec | None = None  # the environment of the run's episodes (rollout.env or the task's); None: one turn
 
 
 def default_out(config: Config) -> Path:
@@ -74,6 +76,21 @@ def resolve_estimator(config: Config) -> EstimatorSpec:
     if spec.needs.groups and config.rollout.num_generations < 2:
         raise ConfigError(f"Estimator '{spec.name}' compares samples of a prompt; set rollout.num_generations ≥ 2.")
     return spec
+
+
+def episode_env(config: Config, task: Task, spec: EstimatorSpec, dist: DistContext = SINGLE) -> EnvSpec | None:
+    """The environment of the run's episodes: `rollout.env`, else the task's own, else None (one turn);
+    what the first slice of episodes does not serve yet is refused here (docs/environments.md)."""
+    name = config.rollout.env or task.env
+    if name is None:
+        return None
+    for refused, why in ((config.rollout.engine != "hf", f"the {config.rollout.engine} engine"),
+                         (config.rollout.filter_groups, "rollout.filter_groups"), (spec.needs.greedy, f"estimator '{spec.name}'"),
+                         (dist.world_size > 1, "several processes")):
+        if refused:
+            raise ConfigError(f"Episodes (environment '{name}') do not run with {why} yet; docs/environments.md "
+                              "lists what is built.")
+    return resolve_env(name, timeout_s=config.rollout.tool_timeout_s) if name in ENVS else resolve_env(name)
 
 
 def plan_for(config: Config, spec: EstimatorSpec, stack: PolicyStack, own_weights: bool = False) -> StepPlan:
@@ -103,6 +120,7 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
         raise ConfigError(f"'rollout.prompts_per_step' ({config.rollout.prompts_per_step}) must be divisible by "
                           f"the number of processes ({dist.world_size}).")
     task = dist.main_first(lambda: task_from_config(config), local=True)  # a dataset or reward model fills caches once
+    env = episode_env(config, task, spec, dist)
     path = dist.broadcast_object(Path(config.out) if config.out else default_out(config))
     folder = dist.main_only(lambda: RunFolder.open(path) if resume else RunFolder.create(path, overwrite))
     folder = folder if folder is not None else ReaderFolder(path)
@@ -125,7 +143,7 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
         config, task, tokenizer, stack, engine, spec, plan_for(config, spec, stack, getattr(engine, "own_weights", False)), make_optimizers(stack, config.update),
         KLController(config.kl.beta, config.kl.adaptive, config.kl.target, config.kl.horizon),
         PromptSampler(len(task.train), config.rollout.prompts_per_step, config.seed), folder,
-        torch.Generator().manual_seed(config.seed + 1), dist,
+        torch.Generator().manual_seed(config.seed + 1), dist, env,
     )
     # config.yaml last: from the moment it exists the caller's Ctrl-C handler says how to resume
     # (loop._nothing_trained_yet), so nothing slow may run between this write and the return

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from ..config.schema import EstimatorConfig, KLConfig
 from ..estimators import EstimatorInput, EstimatorSpec
+from ..estimators.episodes import over_model_tokens
 from ..losses import kl_penalty
 from ..ops import last_token_index, masked_sum
 from ..parallel.distributed import SINGLE, DistContext
@@ -44,8 +45,10 @@ def estimate(spec: EstimatorSpec, samples: Samples, scores: Scores, forwards: Fo
              cfg: EstimatorConfig, dist: DistContext = SINGLE) -> Targets:
     """Run the estimator on the step; whiten the advantages over the batch when asked (over the
     global batch of every rank in a data-parallel run: estimators themselves are per row or per
-    group, and a group never spans ranks)."""
-    out = spec.fn(
+    group, and a group never spans ranks). An episode's row (`samples.context_mask`) is estimated
+    over the model's tokens only, the environment's spans skipped (estimators/episodes.py)."""
+    run = spec.fn if samples.context_mask is None else lambda x: over_model_tokens(spec.fn, x)
+    out = run(
         EstimatorInput(
             token_rewards=token_rewards,
             response_mask=samples.response_mask,

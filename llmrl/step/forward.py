@@ -34,7 +34,10 @@ def generation_logprobs(cfg: RolloutConfig, dtype: torch.dtype) -> bool:
 
 
 def sequences(x: Responses) -> Sequences:
-    return layout(x.prompt_ids, x.prompt_mask, x.response_ids, x.response_mask)
+    """The rows as one left-padded sequence each; an episode's attention covers the environment's
+    tokens too (`context_mask`), which its response mask leaves out of every loss."""
+    context = getattr(x, "context_mask", None)
+    return layout(x.prompt_ids, x.prompt_mask, x.response_ids, x.response_mask if context is None else context)
 
 
 @torch.no_grad()

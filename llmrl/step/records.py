@@ -32,6 +32,20 @@ class StepPlan:
 
 
 @dataclass(frozen=True)
+class EpisodeLog:
+    """What each of N episodes did (step/episodes.py): turns (N,) assistant turns taken, tool_calls
+    and tool_errors (N,) counts, env_reward (N,) float32 Σ of the environment's per-turn rewards,
+    env_tokens (N,) the environment's tokens in the row, env_time_s wall seconds in the environment."""
+
+    turns: Tensor
+    tool_calls: Tensor
+    tool_errors: Tensor
+    env_reward: Tensor
+    env_tokens: Tensor
+    env_time_s: float
+
+
+@dataclass(frozen=True)
 class Samples:
     """`generate`: the sampled responses to B prompts, G each.
 
@@ -46,6 +60,11 @@ class Samples:
     behaviour_logprobs  (N, T) log μ(a_t|s_t) of the drawn tokens at the sampling temperature, from the
                         engine's own decoding, when it gave them; else None
     greedy_completions  B texts: the greedy response to each prompt (StepPlan.greedy); else None
+    context_mask        episodes only (rollout.env, step/episodes.py): (N, T) bool, True on every real
+                        token of the episode after the prompt, the model's and the environment's (the
+                        attention); `response_mask` is then the action mask, True on the model's sampled
+                        tokens only, so everything that reads it trains on those alone. None: one turn
+    episodes            episodes only: what each episode did (`EpisodeLog`); else None
     """
 
     rows: tuple[dict[str, Any], ...]
@@ -58,6 +77,8 @@ class Samples:
     completions: tuple[str, ...]
     behaviour_logprobs: Tensor | None = None
     greedy_completions: tuple[str, ...] | None = None
+    context_mask: Tensor | None = None
+    episodes: EpisodeLog | None = None
 
     @property
     def n(self) -> int:
@@ -149,13 +170,14 @@ class TrainRows:
     values: Tensor | None = None
     base_hidden: Tensor | None = None
     behaviour_logprobs: Tensor | None = None
+    context_mask: Tensor | None = None  # episodes: the tokens attended to (Samples.context_mask)
 
     @classmethod
     def of(cls, samples: Samples, forwards: Forwards) -> "TrainRows":
         mu = samples.behaviour_logprobs
         return cls(samples.prompt_ids, samples.prompt_mask, samples.response_ids, samples.response_mask,
                    forwards.old_logprobs, forwards.ref_logprobs, forwards.values, forwards.base_hidden,
-                   mu if mu is not None and forwards.old_logprobs is not mu else None)
+                   mu if mu is not None and forwards.old_logprobs is not mu else None, samples.context_mask)
 
     @property
     def n(self) -> int:

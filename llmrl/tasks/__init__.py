@@ -20,7 +20,7 @@ from ..errors import ConfigError
 from ..models.load import register_builtin_model
 from ..models.tiny import ensure_tiny
 from ..rewards.builtin import first_number, numeric
-from . import arithmetic, chat_sum, mixture, rg
+from . import arithmetic, calc, chat_sum, mixture, rg
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -45,6 +45,8 @@ class Task:
     by: str | None = None
     """A row column (a mixture's `task`) by whose values evaluations also report each metric:
     `accuracy/<value>`, `<metric>/<value>` (`run/evaluate.per_group`)."""
+    env: str | None = None
+    """The environment its episodes run in (`rollout.env` overrides it; llmrl/envs/); None: one turn."""
 
 
 def _arithmetic() -> Task:
@@ -58,7 +60,12 @@ def _chat_sum() -> Task:
     return Task("chat_sum", train, held_out, numeric, metrics={"strict_accuracy": first_number})
 
 
-TASKS: dict[str, Callable[[], Task]] = {"arithmetic": _arithmetic, "chat_sum": _chat_sum}
+def _calc() -> Task:
+    train, held_out = calc.splits()
+    return Task("calc", train, held_out, arithmetic.exact_match, env=calc.ENV)
+
+
+TASKS: dict[str, Callable[[], Task]] = {"arithmetic": _arithmetic, "chat_sum": _chat_sum, "calc": _calc}
 
 
 def tiny_corpus() -> list[tuple[str, str]]:

@@ -1,0 +1,63 @@
+"""An episode's messages → token ids, without ever re-tokenizing what the model sampled.
+
+    prompt     apply_chat_template(opening messages, tools=…, add_generation_prompt=True) → ids
+    env turn   the environment's messages rendered in the template's turn format and tokenized alone:
+               the text the template puts after an assistant turn's stop token (e.g. Qwen's '\n' after
+               <|im_end|>) + the messages' turns + the next assistant header; appended as they are
+
+The env turn's text is found by rendering a fixed two-turn conversation with and without the new
+messages: the difference is what the template adds, and the template must render conversations
+append-only (its rendering of the shorter one is a prefix of the longer one's), else the run is
+refused. Without a chat template (the built-in tiny model) the prompt is tokenized as a plain
+prompt is, and an env turn is its messages' contents, joined, tokenized alone without specials.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from transformers import PreTrainedTokenizerBase
+
+from ..errors import ConfigError
+from ..models.prompts import tokenize_prompts, uses_chat
+from .base import Message
+
+_PROBE = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "\x00probe\x00"}]
+
+
+def call_format(tokenizer: PreTrainedTokenizerBase) -> str:
+    """The tool-call format a model writes: 'hermes' with a chat template, 'plain' without (envs/tools.py)."""
+    return "hermes" if uses_chat(tokenizer) else "plain"
+
+
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[Message], tools: Sequence[dict[str, Any]] | None) -> list[int]:
+    """The episode's prompt ids: the chat template with `tools=`, or a plain prompt's tokens."""
+    if not uses_chat(tokenizer):
+        if len(messages) != 1 or messages[0].get("role") != "user":
+            raise ConfigError("Without a chat template an episode opens with one user message; use a chat model.")
+        return list(tokenize_prompts(tokenizer, [messages[0]["content"]]).input_ids[0])
+    text = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def env_turn_text(tokenizer: PreTrainedTokenizerBase, messages: list[Message], tools: Sequence[dict[str, Any]] | None,
+                  stop_text: str) -> str:
+    """The text that follows an assistant turn ending in `stop_text` when the environment answers with
+    `messages` and the assistant speaks next (see the module docstring)."""
+    if not uses_chat(tokenizer):
+        return "".join(str(m.get("content", "")) for m in messages)
+    before = tokenizer.apply_chat_template(_PROBE, tools=tools or None, tokenize=False)
+    after = tokenizer.apply_chat_template(_PROBE + list(messages), tools=tools or None, add_generation_prompt=True,
+                                          tokenize=False)
+    if not after.startswith(before):
+        raise ConfigError("The model's chat template does not render a conversation append-only (an earlier turn "
+                          "changes when a message is added), so an episode's tokens cannot be extended turn by turn.")
+    tail = before[before.rindex(_PROBE[1]["content"]) + len(_PROBE[1]["content"]):]  # what closes an assistant turn
+    cut = tail.find(stop_text) if stop_text else -1
+    return (tail[cut + len(stop_text):] if cut >= 0 else tail) + after[len(before):]
+
+
+def env_turn_ids(tokenizer: PreTrainedTokenizerBase, messages: list[Message], tools: Sequence[dict[str, Any]] | None,
+                 stop_text: str) -> list[int]:
+    """`env_turn_text` tokenized alone, without special tokens added."""
+    return list(tokenizer(env_turn_text(tokenizer, messages, tools, stop_text), add_special_tokens=False).input_ids)

@@ -1,0 +1,166 @@
+"""generate, episode-aware: B dataset rows → `Samples` whose rows are whole episodes (rollout.env).
+
+Each of the N = B·G episodes starts from `env.reset(row, key)`; every turn, the engine continues
+all unfinished episodes at once from their token ids so far, and the environment answers each turn:
+
+    row ids   = prompt ids + turn₁'s sampled ids + env₁ ids + turn₂'s sampled ids + …
+    response_mask (the action mask) = 1 on the sampled ids only; context_mask = 1 on all of them
+
+Token in, token out: a turn's ids are appended exactly as the engine sampled them (its stop token
+included), the environment's messages as `envs.render.env_turn_ids` tokenizes them alone; the
+conversation is never re-rendered and re-tokenized, so log π and log π_old are of the very sequence
+that was sampled. An episode ends when the environment says done, after `rollout.max_turns` turns,
+at `rollout.max_episode_tokens` response tokens (a turn is cut there), or when a turn ends without a
+stop token (cut at max_new_tokens). Turn k of a row is keyed by (its row key, k): turn 0 uses the
+single-turn key itself (`turn_keys`). The completion scored by the task's reward is the last turn's
+text; the environment's per-turn rewards are summed in `EpisodeLog.env_reward`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedTokenizerBase
+
+from ..config.schema import RolloutConfig
+from ..engines.base import GenerationEngine, GenerationRequest, SamplingSettings, row_keys
+from ..envs import EnvSpec, EnvStep, call_format, env_turn_ids, offered_tools, parse_calls, prompt_ids
+from ..errors import RunFailed
+from .records import EpisodeLog, Samples
+
+_TURN_MIX = 1_000_000_007
+
+
+class EnvFailed(RunFailed):
+    """The environment misbehaved (raised, returned the wrong type) before any update of the step."""
+
+    consistent = True
+
+
+def turn_keys(keys: Tensor, turn: int) -> Tensor:
+    """(N,) seed keys of turn `turn`: the row keys themselves at turn 0, else (key + turn·(10^9+7)) mod (2^63 − 1)."""
+    if turn == 0:
+        return keys
+    return torch.tensor([(k + turn * _TURN_MIX) % (2**63 - 1) for k in keys.tolist()], dtype=torch.long)
+
+
+def left_pad(rows: Sequence[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """(ids, bool mask), (B, L) left-padded to the longest row."""
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows], dtype=torch.long)
+    mask = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows], dtype=torch.bool)
+    return ids, mask
+
+
+def right_pad(rows: Sequence[list[Any]], fill: Any, dtype: torch.dtype) -> Tensor:
+    width = max(1, max(len(r) for r in rows))
+    return torch.tensor([r + [fill] * (width - len(r)) for r in rows], dtype=dtype)
+
+
+def _checked_step(spec: EnvSpec, env: Any, episode: int, text: str, calls: list) -> EnvStep:
+    """env.step, with whatever it does wrong stopping the run in one sentence naming it and the episode."""
+    try:
+        out = env.step(text, calls)
+    except Exception as exc:  # the user's environment: report it, never a traceback
+        raise EnvFailed(f"Environment '{spec.name}' raised {type(exc).__name__}: {exc} (episode {episode}).") from exc
+    if not isinstance(out, EnvStep):
+        raise EnvFailed(f"Environment '{spec.name}' returned a {type(out).__name__} from step, not an EnvStep "
+                        f"(episode {episode}).")
+    return out
+
+
+@torch.no_grad()
+def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBase, spec: EnvSpec,
+                      rows: Sequence[dict[str, Any]], prompt_index: Tensor, *, cfg: RolloutConfig, seed: int, step: int,
+                      device: torch.device, stop_ids: Sequence[int], logprobs: bool = False,
+                      first_sample: int = 0) -> Samples:
+    """G = cfg.num_generations episodes from each of the B `rows` (arguments as `generate.generate`)."""
+    g, pad = cfg.num_generations, tokenizer.pad_token_id
+    index = prompt_index.repeat_interleave(g)
+    keys = row_keys(seed, step, index, torch.arange(first_sample, first_sample + g).repeat(len(rows)))
+    n, fmt = len(index), call_format(tokenizer)
+    envs, prompts, tools = [], [], None
+    for i in range(n):
+        env = spec.make()
+        try:
+            opening = env.reset(rows[i // g], int(keys[i]))
+        except Exception as exc:
+            raise EnvFailed(f"Environment '{spec.name}' raised {type(exc).__name__} in reset: {exc} (episode {i}).") from exc
+        tools = offered_tools(env)
+        envs.append(env)
+        prompts.append(prompt_ids(tokenizer, opening, tools))
+    ids: list[list[int]] = [[] for _ in range(n)]
+    acted: list[list[bool]] = [[] for _ in range(n)]
+    lps: list[list[float]] = [[] for _ in range(n)]
+    last_text, done = [""] * n, [False] * n
+    turns, calls_n, errors_n, env_tokens = [0] * n, [0] * n, [0] * n, [0] * n
+    env_reward, env_time, lp_dtype = [0.0] * n, 0.0, torch.float32
+    budget = cfg.max_episode_tokens
+    for turn in range(cfg.max_turns):
+        live = [i for i in range(n) if not done[i]]
+        if not live:
+            break
+        room = {i: cfg.max_new_tokens if budget is None else min(cfg.max_new_tokens, budget - len(ids[i])) for i in live}
+        batch_ids, batch_mask = left_pad([prompts[i] + ids[i] for i in live], pad)
+        settings = SamplingSettings(max(room.values()), cfg.temperature, cfg.top_p)
+        gen = engine.generate(GenerationRequest(batch_ids, batch_mask, 1, settings, turn_keys(keys[live], turn),
+                                                logprobs=logprobs))
+        for j, i in enumerate(live):
+            sampled = gen.response_ids[j][gen.response_mask[j]].tolist()[: room[i]]
+            ids[i] += sampled
+            acted[i] += [True] * len(sampled)
+            if gen.logprobs is not None:
+                lp_dtype = gen.logprobs.dtype
+                lps[i] += gen.logprobs[j][gen.response_mask[j]].tolist()[: room[i]]
+            turns[i] += 1
+            last_text[i] = tokenizer.decode(sampled, skip_special_tokens=True)
+            stopped = bool(sampled) and sampled[-1] in stop_ids
+            if not stopped or turn == cfg.max_turns - 1 or (budget is not None and len(ids[i]) >= budget):
+                done[i] = True
+                continue
+            started = time.perf_counter()
+            out = _checked_step(spec, envs[i], i, last_text[i],
+                                parse_calls(tokenizer.decode(sampled[:-1], skip_special_tokens=False), fmt))
+            env_time += time.perf_counter() - started
+            env_reward[i] += float(out.reward)
+            calls_n[i] += out.tool_calls
+            errors_n[i] += out.tool_errors
+            if out.done:
+                done[i] = True
+                continue
+            answer = env_turn_ids(tokenizer, out.messages, tools, tokenizer.decode(sampled[-1:]))
+            if budget is not None and len(ids[i]) + len(answer) >= budget:
+                done[i] = True  # no room left for the model to act on the answer
+                continue
+            ids[i] += answer
+            acted[i] += [False] * len(answer)
+            lps[i] += [0.0] * len(answer)
+            env_tokens[i] += len(answer)
+    p_ids, p_mask = left_pad(prompts, pad)
+    action = right_pad(acted, False, torch.bool)
+    context = right_pad([[True] * len(r) for r in ids], False, torch.bool)
+    log = EpisodeLog(torch.tensor(turns), torch.tensor(calls_n), torch.tensor(errors_n),
+                     torch.tensor(env_reward, dtype=torch.float32), torch.tensor(env_tokens), env_time)
+    return Samples(
+        rows=tuple(rows), prompt_ids=p_ids.to(device), prompt_mask=p_mask.to(device),
+        response_ids=right_pad(ids, pad, torch.long).to(device), response_mask=action.to(device), group_size=g,
+        prompt_index=index.to(device), completions=tuple(last_text),
+        behaviour_logprobs=right_pad(lps, 0.0, lp_dtype).to(device) if logprobs else None,
+        context_mask=context.to(device), episodes=log,
+    )
+
+
+def episode_stats(samples: Samples) -> dict[str, float]:
+    """The step's episode metrics: turns_mean, tool_calls_per_episode, tool_error_rate (failed calls /
+    calls), episode_tokens (response tokens per episode, the model's and the environment's),
+    masked_token_frac (the environment's share of them), env_reward_mean, env_time_s."""
+    log = samples.episodes
+    assert log is not None and samples.context_mask is not None
+    calls, real = float(log.tool_calls.sum()), float(samples.context_mask.sum())
+    return {"turns_mean": log.turns.float().mean().item(), "tool_calls_per_episode": calls / samples.n,
+            "tool_error_rate": float(log.tool_errors.sum()) / calls if calls else 0.0,
+            "episode_tokens": real / samples.n, "masked_token_frac": float(log.env_tokens.sum()) / real if real else 0.0,
+            "env_reward_mean": log.env_reward.mean().item(), "env_time_s": log.env_time_s}

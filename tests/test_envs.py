@@ -1,0 +1,109 @@
+"""Environments (llmrl/envs/): the registry and user classes, tool-call parsing, tools under a time
+limit, and the refusals of the first slice of episodes."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from llmrl.config import load_config
+from llmrl.envs import ENVS, EnvStep, ToolCall, ToolEnv, parse_calls, resolve_env
+from llmrl.envs.calculator import calculator
+from llmrl.errors import ConfigError
+
+from tests.helpers import CLI_SMALL, cli_refused
+
+
+def test_hermes_calls_parse_and_malformed_ones_say_why() -> None:
+    good = '<tool_call>{"name": "calculator", "arguments": {"expression": "12*34"}}</tool_call>'
+    assert parse_calls("let me see " + good, "hermes") == [ToolCall("calculator", {"expression": "12*34"})]
+    two = parse_calls(good + '<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>', "hermes")
+    assert [c.name for c in two] == ["calculator", "f"] and two[1].arguments == {"x": 1}  # arguments as a string
+    assert parse_calls("the answer is 408", "hermes") == []
+    bad = parse_calls('<tool_call>{"name": calculator}</tool_call>', "hermes")
+    assert len(bad) == 1 and "not valid JSON" in (bad[0].error or "")
+    assert 'no "name"' in (parse_calls('<tool_call>{"arguments": {}}</tool_call>', "hermes")[0].error or "")
+    assert "not an object" in (parse_calls('<tool_call>{"name": "f", "arguments": [1]}</tool_call>', "hermes")[0].error or "")
+    assert "no closing" in (parse_calls('<tool_call>{"name": "f"', "hermes")[0].error or "")
+
+
+def test_plain_calls_are_turns_ending_in_equals() -> None:
+    assert parse_calls("347*28=", "plain") == [ToolCall("", {"": "347*28"})]
+    assert parse_calls(" 9716 ", "plain") == []
+
+
+def test_tool_env_runs_calls_and_reports_every_mistake() -> None:
+    env = ToolEnv([calculator], timeout_s=5.0)
+    assert env.tools()[0]["function"]["name"] == "calculator"
+    assert env.reset({"prompt": "347*28="}, 0) == [{"role": "user", "content": "347*28="}]
+    out = env.step("", [ToolCall("calculator", {"expression": "347*28"})])
+    assert out == EnvStep([{"role": "tool", "name": "calculator", "content": "9716"}], 0.0, False, 1, 0)
+    assert env.step("", [ToolCall("", {"": "(2+3)*4"})]).messages[0]["content"] == "20"  # plain: the only tool
+    mistakes = [ToolCall("", error="the tool call is not valid JSON (x)"), ToolCall("sqrt", {"x": 2}),
+                ToolCall("calculator", {"expr": "1"}), ToolCall("calculator", {}),
+                ToolCall("calculator", {"expression": "__import__('os')"})]
+    out = env.step("", mistakes)
+    texts = [m["content"] for m in out.messages]
+    assert out.tool_calls == 5 and out.tool_errors == 5 and not out.done, texts
+    assert texts[0] == "Error: the tool call is not valid JSON (x)."
+    assert "there is no tool 'sqrt'" in texts[1] and "unknown argument 'expr'" in texts[2]
+    assert "missing argument 'expression'" in texts[3] and "raised ValueError" in texts[4]
+    assert env.step("9716", []) == EnvStep(done=True)  # no call: the answer ends the episode
+
+
+def test_a_tool_that_hangs_is_an_error_after_its_time_limit() -> None:
+    def slow(seconds: float) -> str:
+        """Sleep.
+
+        Args:
+            seconds: how long
+        """
+        time.sleep(seconds)
+        return "woke"
+
+    env = ToolEnv([slow], timeout_s=0.2)
+    started = time.perf_counter()
+    out = env.step("", [ToolCall("slow", {"seconds": 3.0})])
+    assert time.perf_counter() - started < 1.5
+    assert out.messages[0]["content"] == "Error: slow took longer than 0.2 s." and out.tool_errors == 1
+    assert env.step("", [ToolCall("slow", {"seconds": 0.0})]).messages[0]["content"] == "woke"
+
+
+def test_environments_resolve_by_name_module_or_file(tmp_path: Path) -> None:
+    assert "calculator" in ENVS
+    spec = resolve_env("calculator", timeout_s=1.0)
+    env = spec.make()
+    assert isinstance(env, ToolEnv) and env.timeout_s == 1.0 and spec.make() is not env  # one per episode
+    path = tmp_path / "my_env.py"
+    path.write_text("class Guess:\n    def reset(self, row, seed):\n        return [{'role': 'user', 'content': 'go'}]\n"
+                    "    def step(self, text, calls):\n        return None\nclass NoStep:\n    def reset(self, row, seed):\n"
+                    "        return []\n")
+    assert resolve_env(f"{path}:Guess").make().reset({}, 0)[0]["content"] == "go"
+    for name, message in [("nope", r"is not a built-in \(calculator\)"), (f"{path}:Missing", "has no class 'Missing'"),
+                          (f"{path}:NoStep", "has no step method"), ("/no/such.py:Env", "Environment file"),
+                          ("no_such_module_xyz:Env", "Cannot import environment module")]:
+        with pytest.raises(ConfigError, match=message):
+            resolve_env(name)
+
+
+def test_episode_settings_are_validated() -> None:
+    with pytest.raises(ConfigError, match="max_turns"):
+        load_config(None, {}, ["rollout.max_turns=0"])
+    with pytest.raises(ConfigError, match="max_episode_tokens"):
+        load_config(None, {}, ["rollout.max_episode_tokens=0"])
+    with pytest.raises(ConfigError, match="tool_timeout_s"):
+        load_config(None, {}, ["rollout.tool_timeout_s=0"])
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--set", "rollout.env=nope"], "Environment 'nope' is not a built-in"),
+    (["--task", "calc", "--set", "rollout.filter_groups=true", "--set", "rollout.num_generations=2", "--set", "kl.beta=0"],
+     "do not run with rollout.filter_groups yet"),
+    (["--task", "calc", "--algo", "remax"], "do not run with estimator 'remax' yet"),
+])
+def test_bad_environment_settings_are_one_sentence(tiny_model_dir: Path, tmp_path: Path, extra: list[str],
+                                                   message: str) -> None:
+    cli_refused(["train", "--model", str(tiny_model_dir), "--steps", "1", "--out", str(tmp_path / "run"),
+                 *CLI_SMALL, *extra], message)

@@ -1,0 +1,171 @@
+"""Episodes (step/episodes.py): token in, token out — the ids trained on are the ids sampled, turn by
+turn, plus the environment's ids tokenized alone — the action mask, log π_old of the very sequence,
+and the episode limits."""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models
+from transformers import PreTrainedTokenizerFast
+
+from llmrl.config.schema import RolloutConfig
+from llmrl.engines.base import Generation, GenerationRequest
+from llmrl.engines.hf import HFEngine
+from llmrl.envs import EnvSpec, EnvStep, resolve_env
+from llmrl.models.tokenizer import build_char_tokenizer, stop_token_ids
+from llmrl.step.episodes import EnvFailed, generate_episodes, turn_keys
+from llmrl.step.forward import masked_logprobs
+from llmrl.step.records import check_shapes
+
+from tests.test_prefix import _stack
+
+CPU = torch.device("cpu")
+TEMPLATE = (
+    "{% if tools %}{{ '<|im_start|>system\\nTools: ' + (tools | tojson) + '<|im_end|>\\n' }}{% endif %}"
+    "{% for m in messages %}"
+    "{% if m.role == 'tool' %}{{ '<|im_start|>user\\n<tool_response>' + m.content + '</tool_response><|im_end|>\\n' }}"
+    "{% else %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+SPECIALS = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
+
+
+def chat_tokenizer() -> PreTrainedTokenizerFast:
+    """A real BPE tokenizer over printable characters with one merge, '1' '2' → '12', and a
+    Qwen-style chat template: a model that samples '1' then '2' wrote ids that re-tokenizing the
+    text would merge into one."""
+    chars = [c for c in string.printable if c not in "\x0b\x0c"]
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + chars + ["12"])}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[("1", "2")], unk_token="<unk>"))
+    core.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", unk_token="<unk>", eos_token="<|im_end|>",
+                                  padding_side="left", additional_special_tokens=SPECIALS[2:])
+    tok.chat_template = TEMPLATE
+    return tok
+
+
+def char_ids(tok: PreTrainedTokenizerFast, text: str) -> list[int]:
+    """`text` one character per token (never merged), as a model may sample it."""
+    return tok.convert_tokens_to_ids(list(text))
+
+
+@dataclass
+class ScriptedEngine:
+    """An engine that 'samples' a fixed list of ids per turn for every row, and records its requests."""
+
+    turns: list[list[int]]
+    requests: list[GenerationRequest] = field(default_factory=list)
+    name: str = "scripted"
+    own_weights: bool = False
+
+    def generate(self, request: GenerationRequest) -> Generation:
+        ids = self.turns[len(self.requests)]
+        self.requests.append(request)
+        n = request.prompt_ids.shape[0]
+        return Generation(torch.tensor([ids] * n), torch.ones(n, len(ids), dtype=torch.bool))
+
+    def sync(self, stack: Any) -> None: ...
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
+
+def test_the_ids_trained_on_are_the_ids_sampled_turn_by_turn() -> None:
+    tok = chat_tokenizer()
+    end, open_, close = (tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<tool_call>", "</tool_call>"))
+    call = '{"name": "calculator", "arguments": {"expression": "12*3"}}'
+    turn1 = [open_, *char_ids(tok, call), close, end]  # '1' and '2' sampled apart: the text would merge them
+    turn2 = [*char_ids(tok, "36 is 12*3"), end]
+    engine = ScriptedEngine([turn1, turn2])
+    rows = [{"prompt": "What is 12*3?", "answer": "36"}]
+    cfg = RolloutConfig(max_new_tokens=80, max_turns=4, num_generations=2)
+    samples = generate_episodes(engine, tok, resolve_env("calculator"), rows, torch.tensor([5]), cfg=cfg, seed=0,
+                                step=0, device=CPU, stop_ids=[end])
+    check_shapes(samples)
+    tools = resolve_env("calculator").make().tools()
+    prompt = tok(tok.apply_chat_template([{"role": "user", "content": "What is 12*3?"}], tools=tools,
+                                         add_generation_prompt=True, tokenize=False), add_special_tokens=False).input_ids
+    env = tok("\n<|im_start|>user\n<tool_response>36</tool_response><|im_end|>\n<|im_start|>assistant\n",
+              add_special_tokens=False).input_ids
+    assert samples.prompt_ids[0].tolist() == prompt
+    row = samples.response_ids[0][samples.context_mask[0]].tolist()
+    assert row == turn1 + env + turn2  # sampled ids as sampled, the env's tokenized alone, concatenated
+    assert samples.response_mask[0].tolist() == [True] * len(turn1) + [False] * len(env) + [True] * len(turn2)
+    # turn by turn: each turn's request is the row so far, nothing re-tokenized
+    first, second = (r.prompt_ids[0][r.prompt_mask[0]].tolist() for r in engine.requests)
+    assert first == prompt and second == prompt + turn1 + env
+    assert engine.requests[1].keys.tolist() == turn_keys(engine.requests[0].keys, 1).tolist()
+    assert engine.requests[0].keys[0] != engine.requests[1].keys[0]
+    # the same text re-rendered and re-tokenized is another sequence: the template would re-tokenize differently
+    conversation = [{"role": "user", "content": "What is 12*3?"},
+                    {"role": "assistant", "content": f"<tool_call>{call}</tool_call>"},
+                    {"role": "tool", "content": "36"}, {"role": "assistant", "content": "36 is 12*3"}]
+    text = tok.apply_chat_template(conversation, tools=tools, tokenize=False)
+    retokenized = tok(text, add_special_tokens=False).input_ids
+    assert tok.decode(prompt + row) + "\n" == text  # the same text ...
+    assert retokenized[: len(prompt + row)] != prompt + row  # ... but not the same ids
+    assert samples.completions == ("36 is 12*3", "36 is 12*3")
+    assert samples.episodes is not None and samples.episodes.turns.tolist() == [2, 2]
+    assert samples.episodes.tool_calls.tolist() == [1, 1] and samples.episodes.tool_errors.tolist() == [0, 0]
+    assert samples.episodes.env_tokens.tolist() == [len(env)] * 2
+
+
+class Answer:
+    """Answers every turn with '7' and never ends the episode."""
+
+    def reset(self, row: dict[str, Any], seed: int) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, text: str, calls: list) -> EnvStep:
+        return EnvStep([{"role": "user", "content": "7"}], reward=0.5)
+
+
+def _tiny_episodes(budget: int | None = None, env: EnvSpec = EnvSpec("answer", Answer), logprobs: bool = True):
+    tok = build_char_tokenizer()
+    stack = _stack()
+    engine = HFEngine(stack, stop_token_ids(tok, stack.lm), tok.pad_token_id)
+    cfg = RolloutConfig(max_new_tokens=3, max_turns=3, num_generations=8, max_episode_tokens=budget)
+    rows = [{"prompt": "12+3="}, {"prompt": "4+56="}]
+    samples = generate_episodes(engine, tok, env, rows, torch.tensor([0, 1]), cfg=cfg, seed=3, step=1, device=CPU,
+                                stop_ids=stop_token_ids(tok, stack.lm), logprobs=logprobs)
+    return stack, samples
+
+
+def test_decoding_logprobs_are_those_of_the_trained_sequence() -> None:
+    stack, samples = _tiny_episodes()
+    check_shapes(samples)
+    env = samples.context_mask & ~samples.response_mask
+    assert int(env.sum()) > 0 and samples.episodes is not None and int(samples.episodes.turns.max()) > 1
+    assert not (samples.response_mask & ~samples.context_mask).any()
+    # the env's reward of 0.5 per answered turn, summed
+    assert samples.episodes.env_reward.tolist() == [0.5 * int(t) for t in samples.episodes.env_tokens]
+    with stack.use("actor"):
+        full = masked_logprobs(stack, samples, 1.0)  # one forward over prompt + every turn, env tokens attended
+    assert samples.behaviour_logprobs is not None and float(full.abs().max()) > 0.5
+    torch.testing.assert_close(samples.behaviour_logprobs, full, atol=1e-10, rtol=0)
+
+
+def test_an_episode_stops_at_its_token_budget() -> None:
+    _, samples = _tiny_episodes(budget=5, logprobs=False)
+    assert samples.context_mask is not None and int(samples.context_mask.sum(-1).max()) <= 5
+    assert samples.behaviour_logprobs is None
+
+
+def test_an_environment_that_raises_names_itself_and_the_episode() -> None:
+    class Broken(Answer):
+        def step(self, text: str, calls: list) -> EnvStep:
+            raise KeyError("board")
+
+    class Wrong(Answer):
+        def step(self, text: str, calls: list) -> EnvStep:
+            return {"reward": 1}  # type: ignore[return-value]
+
+    with pytest.raises(EnvFailed, match=r"Environment 'broken' raised KeyError: 'board' \(episode \d+\)"):
+        _tiny_episodes(env=EnvSpec("broken", Broken))
+    with pytest.raises(EnvFailed, match=r"Environment 'wrong' returned a dict from step, not an EnvStep"):
+        _tiny_episodes(env=EnvSpec("wrong", Wrong))
