@@ -234,3 +234,12 @@ def test_sizes_the_machine_cannot_hold_are_refused_before_the_stack(setting: str
                               *CLI_SMALL, "--set", "update.minibatch_size=1", "--set", setting])
     _one_sentence(code, out, err, (2,))
     assert message in err, err
+
+
+def test_a_seed_at_the_edge_of_the_integer_range(tmp_path: Path) -> None:
+    """The issue's first case: `--seed 18446744073709551615` (2^64 − 1) ended in torch's 'Overflow when
+    unpacking long long' from the minibatch generator's seed + 1; now the domain refuses it first."""
+    for seed in ("18446744073709551615", "-1", "4294967296"):
+        code, out, err = cli_run(["train", "--seed", seed, "--out", str(tmp_path / "r")])
+        _one_sentence(code, out, err, (2,))
+        assert "'seed' must be" in err and not (tmp_path / "r").exists(), err
