@@ -142,8 +142,10 @@ def test_decoding_logprobs_are_those_of_the_trained_sequence() -> None:
     env = samples.context_mask & ~samples.response_mask
     assert int(env.sum()) > 0 and samples.episodes is not None and int(samples.episodes.turns.max()) > 1
     assert not (samples.response_mask & ~samples.context_mask).any()
-    # the env's reward of 0.5 per answered turn, summed
-    assert samples.episodes.env_reward.tolist() == [0.5 * int(t) for t in samples.episodes.env_tokens]
+    # the environment sees every turn (0.5 each, summed); its one-token answer only before another turn
+    log = samples.episodes
+    assert log.env_reward.tolist() == [0.5 * int(t) for t in log.turns]
+    assert log.env_tokens.tolist() == env.sum(-1).tolist() and bool((log.env_tokens < log.turns).all())
     with stack.use("actor"):
         full = masked_logprobs(stack, samples, 1.0)  # one forward over prompt + every turn, env tokens attended
     assert samples.behaviour_logprobs is not None and float(full.abs().max()) > 0.5

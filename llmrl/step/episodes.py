@@ -9,9 +9,10 @@ all unfinished episodes at once from their token ids so far, and the environment
 Token in, token out: a turn's ids are appended exactly as the engine sampled them (its stop token
 included), the environment's messages as `envs.render.env_turn_ids` tokenizes them alone; the
 conversation is never re-rendered and re-tokenized, so log π and log π_old are of the very sequence
-that was sampled. An episode ends when the environment says done, after `rollout.max_turns` turns,
-at `rollout.max_episode_tokens` response tokens (a turn is cut there), or when a turn ends without a
-stop token (cut at max_new_tokens). Turn k of a row is keyed by (its row key, k): turn 0 uses the
+that was sampled. The environment answers every turn (its reward counts); the episode ends when it
+says done, after `rollout.max_turns` turns, at `rollout.max_episode_tokens` response tokens (a turn
+is cut there), or when a turn ends without a stop token (cut at max_new_tokens), and then its answer
+is not appended. Turn k of a row is keyed by (its row key, k): turn 0 uses the
 single-turn key itself (`turn_keys`). The completion scored by the task's reward is the last turn's
 text; the environment's per-turn rewards are summed in `EpisodeLog.env_reward`.
 """
@@ -118,17 +119,16 @@ def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
             turns[i] += 1
             last_text[i] = tokenizer.decode(sampled, skip_special_tokens=True)
             stopped = bool(sampled) and sampled[-1] in stop_ids
-            if not stopped or turn == cfg.max_turns - 1 or (budget is not None and len(ids[i]) >= budget):
-                done[i] = True
-                continue
             started = time.perf_counter()
             out = _checked_step(spec, envs[i], i, last_text[i],
-                                parse_calls(tokenizer.decode(sampled[:-1], skip_special_tokens=False), fmt))
+                                parse_calls(tokenizer.decode(sampled[:-1] if stopped else sampled,
+                                                             skip_special_tokens=False), fmt))
             env_time += time.perf_counter() - started
             env_reward[i] += float(out.reward)
             calls_n[i] += out.tool_calls
             errors_n[i] += out.tool_errors
-            if out.done:
+            # the environment sees every turn (its reward counts); its answer only when the model may act again
+            if out.done or not stopped or turn == cfg.max_turns - 1 or (budget is not None and len(ids[i]) >= budget):
                 done[i] = True
                 continue
             answer = env_turn_ids(tokenizer, out.messages, tools, tokenizer.decode(sampled[-1:]))
