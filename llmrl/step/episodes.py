@@ -77,8 +77,9 @@ def _checked_step(spec: EnvSpec, env: Any, episode: int, text: str, calls: list)
 def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBase, spec: EnvSpec,
                       rows: Sequence[dict[str, Any]], prompt_index: Tensor, *, cfg: RolloutConfig, seed: int, step: int,
                       device: torch.device, stop_ids: Sequence[int], logprobs: bool = False,
-                      first_sample: int = 0) -> Samples:
-    """G = cfg.num_generations episodes from each of the B `rows` (arguments as `generate.generate`)."""
+                      first_sample: int = 0, context: int | None = None) -> Samples:
+    """G = cfg.num_generations episodes from each of the B `rows` (arguments as `generate.generate`).
+    `context`: the model's context window; an episode also ends where prompt + response would pass it."""
     g, pad = cfg.num_generations, tokenizer.pad_token_id
     index = prompt_index.repeat_interleave(g)
     keys = row_keys(seed, step, index, torch.arange(first_sample, first_sample + g).repeat(len(rows)))
@@ -99,12 +100,13 @@ def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
     last_text, done = [""] * n, [False] * n
     turns, calls_n, errors_n, env_tokens = [0] * n, [0] * n, [0] * n, [0] * n
     env_reward, env_time, lp_dtype = [0.0] * n, 0.0, torch.float32
-    budget = cfg.max_episode_tokens
+    caps = [min(x for x in (cfg.max_episode_tokens, None if context is None else context - len(p)) if x is not None)
+            if cfg.max_episode_tokens is not None or context is not None else None for p in prompts]
     for turn in range(cfg.max_turns):
-        live = [i for i in range(n) if not done[i]]
+        live = [i for i in range(n) if not done[i] and (caps[i] is None or len(ids[i]) < caps[i])]
         if not live:
             break
-        room = {i: cfg.max_new_tokens if budget is None else min(cfg.max_new_tokens, budget - len(ids[i])) for i in live}
+        room = {i: cfg.max_new_tokens if caps[i] is None else min(cfg.max_new_tokens, caps[i] - len(ids[i])) for i in live}
         batch_ids, batch_mask = left_pad([prompts[i] + ids[i] for i in live], pad)
         settings = SamplingSettings(max(room.values()), cfg.temperature, cfg.top_p)
         gen = engine.generate(GenerationRequest(batch_ids, batch_mask, 1, settings, turn_keys(keys[live], turn),
@@ -128,6 +130,7 @@ def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
             calls_n[i] += out.tool_calls
             errors_n[i] += out.tool_errors
             # the environment sees every turn (its reward counts); its answer only when the model may act again
+            budget = caps[i]
             if out.done or not stopped or turn == cfg.max_turns - 1 or (budget is not None and len(ids[i]) >= budget):
                 done[i] = True
                 continue
