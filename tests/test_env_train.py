@@ -63,3 +63,14 @@ def test_a_users_environment_runs_several_turns(tiny_model_dir: Path, tmp_path: 
     assert any(r["env_reward_mean"] > 0 for r in rows)  # the third turn's reward of 1 reaches the score
     config = (tmp_path / "echo" / "config.yaml").read_text()
     assert f"env: {env}:Echo" in config
+
+
+def test_an_environment_that_raises_stops_the_run_in_one_sentence(tiny_model_dir: Path, tmp_path: Path) -> None:
+    env = tmp_path / "boom_env.py"
+    env.write_text("class Boom:\n    def reset(self, row, seed):\n        return [{'role': 'user', 'content': row['prompt']}]\n"
+                   "    def step(self, text, calls):\n        raise RuntimeError('the board is gone')\n")
+    code, out, err = cli_run(["train", "--model", str(tiny_model_dir), "--steps", "2", "--out", str(tmp_path / "boom"),
+                              *CLI_SMALL, "--env", f"{env}:Boom"])
+    assert code == 1, (out, err)
+    assert f"Environment '{env}:Boom' raised RuntimeError: the board is gone (episode 0)." in err
+    assert "Traceback" not in out + err and len(err.strip().splitlines()) == 1, err

@@ -135,7 +135,7 @@ def test_missing_package_is_one_sentence(monkeypatch: pytest.MonkeyPatch, tmp_pa
     code, out, err = cli_run(["tasks", "--json"])
     assert code == 0, err
     report = json.loads(out)
-    assert report["reasoning_gym"] is None and [t["name"] for t in report["builtin"]] == ["arithmetic", "chat_sum"]
+    assert report["reasoning_gym"] is None and [t["name"] for t in report["builtin"]] == ["arithmetic", "chat_sum", "calc"]
 
 
 def test_tasks_command_lists_builtins_and_reasoning_gym() -> None:
