@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 from tests.helpers import CLI_SMALL, cli_run
@@ -61,6 +62,12 @@ def test_a_users_environment_runs_several_turns(tiny_model_dir: Path, tmp_path: 
     assert any(r["turns_mean"] > 1 for r in rows) and any(r["masked_token_frac"] > 0 for r in rows)
     assert all(r["tool_calls_per_episode"] == 0 for r in rows)
     assert any(r["env_reward_mean"] > 0 for r in rows)  # the third turn's reward of 1 reaches the score
+    logged = [json.loads(line) for line in (tmp_path / "echo" / "completions.jsonl").read_text().splitlines()]
+    plain = lambda text: re.sub(r"</?s>|<pad>|<unk>", "", text)  # noqa: E731  (the view shows special tokens)
+    assert logged and all(r["turns"][0]["by"] == r["turns"][-1]["by"] == "model" for r in logged)
+    assert all(plain(r["turns"][-1]["text"]) == r["completion"] for r in logged)
+    env_turns = [t for r in logged for t in r["turns"] if t["by"] == "env"]
+    assert env_turns and all(t["text"] == "7" and not t["trained"] for t in env_turns)
     config = (tmp_path / "echo" / "config.yaml").read_text()
     assert f"env: {env}:Echo" in config
 

@@ -18,7 +18,7 @@ from llmrl.engines.base import Generation, GenerationRequest
 from llmrl.engines.hf import HFEngine
 from llmrl.envs import EnvSpec, EnvStep, resolve_env
 from llmrl.models.tokenizer import build_char_tokenizer, stop_token_ids
-from llmrl.step.episodes import EnvFailed, generate_episodes, turn_keys
+from llmrl.step.episodes import EnvFailed, episode_view, generate_episodes, turn_keys
 from llmrl.step.forward import masked_logprobs
 from llmrl.step.records import check_shapes
 
@@ -113,6 +113,11 @@ def test_the_ids_trained_on_are_the_ids_sampled_turn_by_turn() -> None:
     assert samples.episodes is not None and samples.episodes.turns.tolist() == [2, 2]
     assert samples.episodes.tool_calls.tolist() == [1, 1] and samples.episodes.tool_errors.tolist() == [0, 0]
     assert samples.episodes.env_tokens.tolist() == [len(env)] * 2
+    view = episode_view(tok, samples, 1)  # completions.jsonl's turn view
+    assert [(t["by"], t["trained"], t["tokens"]) for t in view["turns"]] == [
+        ("model", True, len(turn1)), ("env", False, len(env)), ("model", True, len(turn2))]
+    assert view["turns"][0]["text"] == f"<tool_call>{call}</tool_call><|im_end|>"
+    assert view["turns"][1]["text"] == tok.decode(env) and view["tool_calls"] == 1 and view["env_reward"] == 0.0
 
 
 class Answer:

@@ -37,8 +37,8 @@ class ActorSource:
         return f"{self.kind} {self.path}"
 
 
-RESUME_KEYS = ("algo", "task", "seed", "steps", "model", "lora", "rollout", "estimator", "kl", "update", "eval",
-               "checkpoint")  # top-level entries of every config.yaml llmrl has written
+RESUME_KEYS = ("algo", "task", "seed", "steps", "model", "lora", "rollout", "estimator", "kl", "update",
+               "eval")  # top-level entries of every config.yaml llmrl has written (the first schema's)
 
 
 def check_run_config(path: Path) -> None:

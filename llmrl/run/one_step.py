@@ -27,6 +27,7 @@ import torch
 from ..models.tokenizer import stop_token_ids
 from ..corrections import get_correction
 from ..parallel.stats import batch_means, sampler_mismatch, sequence_kl
+from ..step.episodes import episode_view
 from ..step.estimate import estimate, shape_rewards, token_kl
 from ..step.forward import forward
 from ..step.records import TrainRows
@@ -132,6 +133,8 @@ def run_step(s: Session, step: int) -> StepReport:
     logged = (sample_rows(step + 1, list(samples.rows), samples.completions, scores.scores, samples.group_size,
                           cfg.log.completions_rows, scores.parts or None)
               if s.dist.is_main and due(step + 1, cfg.log.completions_every) else [])
+    if logged and samples.episodes is not None:  # an episode's row also shows its turns (step/episodes.py)
+        logged = [{**r, **episode_view(s.tokenizer, samples, i)} for i, r in enumerate(logged)]
     return StepReport(row, logged)
 
 

@@ -167,3 +167,22 @@ def episode_stats(samples: Samples) -> dict[str, float]:
             "tool_error_rate": float(log.tool_errors.sum()) / calls if calls else 0.0,
             "episode_tokens": real / samples.n, "masked_token_frac": float(log.env_tokens.sum()) / real if real else 0.0,
             "env_reward_mean": log.env_reward.mean().item(), "env_time_s": log.env_time_s}
+
+
+def episode_view(tokenizer: PreTrainedTokenizerBase, samples: Samples, i: int) -> dict[str, Any]:
+    """Row i's episode for completions.jsonl: {turns: [{by: 'model'|'env', text, tokens, trained}] in
+    order (the runs of the action mask over the row's real tokens, decoded with their special tokens),
+    tool_calls, tool_errors, env_reward}."""
+    log, context = samples.episodes, samples.context_mask
+    assert log is not None and context is not None
+    ids = samples.response_ids[i][context[i]].tolist()
+    acted = samples.response_mask[i][context[i]].tolist()
+    turns: list[dict[str, Any]] = []
+    start = 0
+    for end in range(1, len(ids) + 1):
+        if end == len(ids) or acted[end] != acted[start]:
+            turns.append({"by": "model" if acted[start] else "env", "text": tokenizer.decode(ids[start:end]),
+                          "tokens": end - start, "trained": bool(acted[start])})
+            start = end
+    return {"turns": turns, "tool_calls": int(log.tool_calls[i]), "tool_errors": int(log.tool_errors[i]),
+            "env_reward": float(log.env_reward[i])}
