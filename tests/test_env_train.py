@@ -9,6 +9,8 @@ import math
 import re
 from pathlib import Path
 
+import torch
+
 from tests.helpers import CLI_SMALL, cli_run
 
 EPISODE_KEYS = ("turns_mean", "tool_calls_per_episode", "tool_error_rate", "episode_tokens", "masked_token_frac",
@@ -81,3 +83,23 @@ def test_an_environment_that_raises_stops_the_run_in_one_sentence(tiny_model_dir
     assert code == 1, (out, err)
     assert f"Environment '{env}:Boom' raised RuntimeError: the board is gone (episode 0)." in err
     assert "Traceback" not in out + err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_chat_model_gets_the_tools_in_its_prompt(tmp_path: Path) -> None:
+    """A model with a chat template (Hermes calls, the calculator offered through tools=; the rendering
+    itself is checked in test_episodes.py) runs `llmrl train --task calc` end to end."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.test_episodes import chat_tokenizer
+
+    tok = chat_tokenizer()
+    model_dir = tmp_path / "chat-model"
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, intermediate_size=64, max_position_embeddings=1024,
+                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    rows = _train(model_dir, tmp_path / "chat", "--task", "calc", "--set", "rollout.max_turns=2")
+    assert all(r["episode_tokens"] > 0 for r in rows)
+    logged = [json.loads(line) for line in (tmp_path / "chat" / "completions.jsonl").read_text().splitlines()]
+    assert logged and all(r["turns"][0]["by"] == "model" for r in logged)

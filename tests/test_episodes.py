@@ -93,6 +93,7 @@ def test_the_ids_trained_on_are_the_ids_sampled_turn_by_turn() -> None:
     env = tok("\n<|im_start|>user\n<tool_response>36</tool_response><|im_end|>\n<|im_start|>assistant\n",
               add_special_tokens=False).input_ids
     assert samples.prompt_ids[0].tolist() == prompt
+    assert '"name": "calculator"' in tok.decode(prompt)  # the tool's schema, through the template's tools=
     row = samples.response_ids[0][samples.context_mask[0]].tolist()
     assert row == turn1 + env + turn2  # sampled ids as sampled, the env's tokenized alone, concatenated
     assert samples.response_mask[0].tolist() == [True] * len(turn1) + [False] * len(env) + [True] * len(turn2)
