@@ -103,3 +103,38 @@ def test_a_chat_model_gets_the_tools_in_its_prompt(tmp_path: Path) -> None:
     assert all(r["episode_tokens"] > 0 for r in rows)
     logged = [json.loads(line) for line in (tmp_path / "chat" / "completions.jsonl").read_text().splitlines()]
     assert logged and all(r["turns"][0]["by"] == "model" for r in logged)
+
+
+ONE_TURN = '''
+from llmrl.envs import EnvStep
+
+
+class OneTurn:
+    def reset(self, row, seed):
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, text, calls):
+        return EnvStep(done=True)
+'''
+
+
+def test_one_turn_episodes_give_the_single_turn_metrics(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """An environment that ends every episode after its first turn, through the episode path, trains
+    exactly as today's single-turn path: every metric both log is bit-identical, timings aside."""
+    from tests.helpers import is_timing
+
+    env = tmp_path / "one_turn.py"
+    env.write_text(ONE_TURN)
+    plain = [json.loads(line) for line in _plain_run(tiny_model_dir, tmp_path / "plain")]
+    episodes = _train(tiny_model_dir, tmp_path / "episodes", "--env", f"{env}:OneTurn")
+    for a, b in zip(plain, episodes, strict=True):
+        shared = [k for k in a if not is_timing(k)]
+        assert set(shared) <= set(b) and {k: a[k] for k in shared} == {k: b[k] for k in shared}
+        assert b["turns_mean"] == 1 and b["masked_token_frac"] == 0
+
+
+def _plain_run(model: Path, run: Path) -> list[str]:
+    code, out, err = cli_run(["train", "--model", str(model), "--steps", "2", "--out", str(run), *CLI_SMALL,
+                              "--set", "rollout.num_generations=2", "--set", "rollout.max_new_tokens=6"])
+    assert code == 0, (out, err)
+    return (run / "metrics.jsonl").read_text().splitlines()
