@@ -138,3 +138,23 @@ def _plain_run(model: Path, run: Path) -> list[str]:
                               "--set", "rollout.num_generations=2", "--set", "rollout.max_new_tokens=6"])
     assert code == 0, (out, err)
     return (run / "metrics.jsonl").read_text().splitlines()
+
+
+def test_a_resumed_episode_run_equals_an_uninterrupted_one(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """1 step, then --resume to 2, gives the metrics of 2 steps in one go (episodes of several turns,
+    keyed by seed, step, prompt, sample and turn; nothing of an environment outlives its episode)."""
+    from tests.helpers import is_timing
+
+    env = tmp_path / "echo_env.py"
+    env.write_text(USER_ENV)
+    args = ["--algo", "grpo", "--env", f"{env}:Echo", "--set", "rollout.max_turns=3"]
+    whole = _train(tiny_model_dir, tmp_path / "whole", *args)
+    code, out, err = cli_run(["train", "--model", str(tiny_model_dir), "--steps", "1", "--out", str(tmp_path / "cut"),
+                              *CLI_SMALL, "--set", "rollout.num_generations=2", "--set", "rollout.max_new_tokens=6", *args])
+    assert code == 0, (out, err)
+    code, out, err = cli_run(["train", "--resume", str(tmp_path / "cut"), "--steps", "2"])
+    assert code == 0, (out, err)
+    resumed = _rows(tmp_path / "cut")
+    strip = lambda r: {k: v for k, v in r.items() if not is_timing(k) and k != "env_time_s"}  # noqa: E731
+    assert [strip(r) for r in resumed] == [strip(r) for r in whole]
+    assert any(r["turns_mean"] > 1 for r in whole)
