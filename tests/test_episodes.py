@@ -182,3 +182,29 @@ def test_an_environment_that_raises_names_itself_and_the_episode() -> None:
         _tiny_episodes(env=EnvSpec("broken", Broken))
     with pytest.raises(EnvFailed, match=r"Environment 'wrong' returned a dict from step, not an EnvStep"):
         _tiny_episodes(env=EnvSpec("wrong", Wrong))
+
+
+def test_an_environment_that_hangs_stops_at_its_time_limit() -> None:
+    import time
+
+    class Hangs(Answer):
+        def step(self, text: str, calls: list) -> EnvStep:
+            time.sleep(5)
+            return EnvStep(done=True)
+
+    class HangsInReset(Answer):
+        def reset(self, row: dict[str, Any], seed: int) -> list[dict[str, Any]]:
+            time.sleep(5)
+            return []
+
+    tok = chat_tokenizer()
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    cfg = RolloutConfig(max_new_tokens=8, env_timeout_s=0.2)
+    started = time.perf_counter()
+    for env, message in [(Hangs, r"Environment 'hangs' took longer than 0.2 s \(episode 0\)\."),
+                         (HangsInReset, r"Environment 'slow' took longer than 0.2 s in reset \(episode 0\)\.")]:
+        with pytest.raises(EnvFailed, match=message):
+            generate_episodes(ScriptedEngine([[*char_ids(tok, "hi"), end]]), tok,
+                              EnvSpec("hangs" if env is Hangs else "slow", env), [{"prompt": "x"}], torch.tensor([0]),
+                              cfg=cfg, seed=0, step=0, device=CPU, stop_ids=[end])
+    assert time.perf_counter() - started < 2.0

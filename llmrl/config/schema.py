@@ -110,6 +110,8 @@ class RolloutConfig:
         min=1, max=1_000_000)
     tool_timeout_s: float = opt(5.0, "with a tool environment: seconds one tool call may run before it counts "
                                 "as failed (the model reads the error)", gt=0, max=3600)
+    env_timeout_s: float = opt(60.0, "with an environment: seconds one reset or step may run before the run stops "
+                               "with a sentence naming the environment and the episode", gt=0, max=86400)
 
 
 @dataclass(frozen=True)

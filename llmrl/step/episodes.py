@@ -28,7 +28,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..config.schema import RolloutConfig
 from ..engines.base import GenerationEngine, GenerationRequest, SamplingSettings, row_keys
-from ..envs import EnvSpec, EnvStep, call_format, env_turn_ids, offered_tools, parse_calls, prompt_ids
+from ..envs import EnvSpec, EnvStep, call_format, env_turn_ids, offered_tools, parse_calls, prompt_ids, run_with_limit
 from ..errors import RunFailed
 from .records import EpisodeLog, Samples
 
@@ -61,12 +61,19 @@ def right_pad(rows: Sequence[list[Any]], fill: Any, dtype: torch.dtype) -> Tenso
     return torch.tensor([r + [fill] * (width - len(r)) for r in rows], dtype=dtype)
 
 
-def _checked_step(spec: EnvSpec, env: Any, episode: int, text: str, calls: list) -> EnvStep:
-    """env.step, with whatever it does wrong stopping the run in one sentence naming it and the episode."""
-    try:
-        out = env.step(text, calls)
-    except Exception as exc:  # the user's environment: report it, never a traceback
-        raise EnvFailed(f"Environment '{spec.name}' raised {type(exc).__name__}: {exc} (episode {episode}).") from exc
+def _call(spec: EnvSpec, what: str, fn: Any, episode: int, timeout_s: float) -> Any:
+    """`fn()` (the environment's reset or step) under `timeout_s`; whatever it does wrong (raises, hangs)
+    stops the run in one sentence naming the environment and the episode."""
+    out, error = run_with_limit(fn, {}, timeout_s)
+    if error is not None:  # the user's environment: report it, never a traceback
+        where = " in reset" if what == "reset" else ""
+        raise EnvFailed(f"Environment '{spec.name}' {error}{where} (episode {episode}).")
+    return out
+
+
+def _checked_step(spec: EnvSpec, env: Any, episode: int, text: str, calls: list, timeout_s: float) -> EnvStep:
+    """env.step under the time limit, its answer checked."""
+    out = _call(spec, "step", lambda: env.step(text, calls), episode, timeout_s)
     if not isinstance(out, EnvStep):
         raise EnvFailed(f"Environment '{spec.name}' returned a {type(out).__name__} from step, not an EnvStep "
                         f"(episode {episode}).")
@@ -87,10 +94,7 @@ def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
     envs, prompts, tools = [], [], None
     for i in range(n):
         env = spec.make()
-        try:
-            opening = env.reset(rows[i // g], int(keys[i]))
-        except Exception as exc:
-            raise EnvFailed(f"Environment '{spec.name}' raised {type(exc).__name__} in reset: {exc} (episode {i}).") from exc
+        opening = _call(spec, "reset", lambda: env.reset(rows[i // g], int(keys[i])), i, cfg.env_timeout_s)
         tools = offered_tools(env)
         envs.append(env)
         prompts.append(prompt_ids(tokenizer, opening, tools))
@@ -124,7 +128,7 @@ def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
             started = time.perf_counter()
             out = _checked_step(spec, envs[i], i, last_text[i],
                                 parse_calls(tokenizer.decode(sampled[:-1] if stopped else sampled,
-                                                             skip_special_tokens=False), fmt))
+                                                             skip_special_tokens=False), fmt), cfg.env_timeout_s)
             env_time += time.perf_counter() - started
             env_reward[i] += float(out.reward)
             calls_n[i] += out.tool_calls
