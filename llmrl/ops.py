@@ -34,8 +34,13 @@ def whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
 
 
 def last_token_index(mask: Tensor) -> Tensor:
-    """(N,) index of the last True of each row of a right-padded (N,T) mask; 0 for empty rows."""
-    return (mask.long().sum(-1) - 1).clamp(min=0)
+    """(N,) index of the last True of each row of an (N, T) mask; 0 for empty rows. The mask may have
+    gaps (an episode's action mask: the environment's tokens lie between the model's), so this is
+    T − 1 − (the first True of the reversed row), not Σ mask − 1 (the same for a right-padded row)."""
+    if mask.shape[-1] == 0:
+        return torch.zeros(mask.shape[:-1], dtype=torch.long, device=mask.device)
+    last = mask.shape[-1] - 1 - mask.flip(-1).long().argmax(-1)  # argmax: the first maximum
+    return torch.where(mask.any(-1), last, torch.zeros_like(last))
 
 
 def ends_with_stop(ids: Tensor, mask: Tensor, stop_ids: int | Sequence[int]) -> Tensor:

@@ -54,6 +54,8 @@ def test_the_calculator_task_trains_in_episodes(tiny_model_dir: Path, tmp_path: 
     rows = _train(tiny_model_dir, tmp_path / "calc", "--task", "calc", "--set", "rollout.max_turns=3")
     assert all(1 <= r["turns_mean"] <= 3 and r["episode_tokens"] > 0 for r in rows)
     assert "value_loss" in rows[0]  # ppo: GAE and the critic over the model's tokens
+    summary = json.loads((tmp_path / "calc" / "summary.json").read_text())
+    assert summary["eval_turns_mean_before"] >= 1 and summary["eval_turns_mean_after"] >= 1  # evaluated in episodes
 
 
 def test_a_users_environment_runs_several_turns(tiny_model_dir: Path, tmp_path: Path) -> None:

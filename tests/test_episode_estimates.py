@@ -78,6 +78,22 @@ def test_group_estimators_take_the_episode_reward() -> None:
     close(out.advantages, [[a, 0, 0, a], [-a, -a, 0, -a]])
 
 
+def test_the_score_lands_on_the_episodes_last_model_token() -> None:
+    # action masks with gaps: the last model token is at 4 (not Σ mask − 1 = 2) and at 3; an empty row → 0
+    from llmrl.config.schema import KLConfig
+    from llmrl.ops import ends_with_stop, last_token_index
+    from llmrl.step.records import Forwards, Samples
+
+    mask = m([[1, 1, 0, 0, 1, 0], [1, 0, 0, 1, 0, 0], [0, 0, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0]])
+    assert last_token_index(mask).tolist() == [4, 3, 0, 2]
+    ids = torch.tensor([[5, 6, 9, 9, 2, 0], [2, 9, 9, 7, 0, 0], [0] * 6, [5, 5, 2, 0, 0, 0]])
+    assert ends_with_stop(ids, mask, [2]).tolist() == [True, False, False, True]
+    samples = Samples((), torch.zeros(4, 1, dtype=torch.long), torch.ones(4, 1, dtype=torch.bool), ids, mask, 1,
+                      torch.arange(4), ("",) * 4, context_mask=mask | (ids == 9))
+    r = shape_rewards(samples, Scores(t([1.0, 2.0, 3.0, 4.0])), Forwards(torch.float32), 0.0, KLConfig())
+    close(r, [[0, 0, 0, 0, 1, 0], [0, 0, 0, 2, 0, 0], [0] * 6, [0, 0, 4, 0, 0, 0]])
+
+
 def _episode_batch():
     """One real batch of episodes on a random tiny model with a critic: (stack, samples, forwards, targets, config)."""
     config = load_config(overrides={"algo": "ppo", "update.minibatch_size": 8, "kl.beta": 0.05})

@@ -208,3 +208,19 @@ def test_an_environment_that_hangs_stops_at_its_time_limit() -> None:
                               EnvSpec("hangs" if env is Hangs else "slow", env), [{"prompt": "x"}], torch.tensor([0]),
                               cfg=cfg, seed=0, step=0, device=CPU, stop_ids=[end])
     assert time.perf_counter() - started < 2.0
+
+
+def test_evaluation_runs_greedy_episodes_with_the_tools() -> None:
+    from llmrl.run.evaluate import evaluate_episodes
+    from llmrl.tasks.arithmetic import exact_match
+
+    tok = chat_tokenizer()
+    end, open_, close = (tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<tool_call>", "</tool_call>"))
+    call = '{"name": "calculator", "arguments": {"expression": "12*3"}}'
+    engine = ScriptedEngine([[open_, *char_ids(tok, call), close, end], [*char_ids(tok, "36"), end]])
+    rows = [{"prompt": "What is 12*3?", "answer": "36"}, {"prompt": "What is 12*4?", "answer": "48"}]
+    res = evaluate_episodes(engine, tok, resolve_env("calculator"), rows, exact_match, cfg=RolloutConfig(max_new_tokens=80),
+                            stop_ids=[end])
+    assert res.completions == ["36", "36"] and res.accuracy == 0.5 and res.reward_mean == 0.5
+    assert res.metrics["turns_mean"] == 2 and res.metrics["tool_calls_per_episode"] == 1 and res.metrics["eos_rate"] == 1
+    assert all(r.keys is None for r in engine.requests)  # greedy turns

@@ -12,6 +12,9 @@ from transformers import PreTrainedTokenizerBase
 
 from ..engines.base import GenerationEngine, GenerationRequest, SamplingSettings, row_keys
 from ..ops import ends_with_stop
+from ..config.schema import RolloutConfig
+from ..envs import EnvSpec
+from ..step.episodes import generate_episodes
 from ..step.generate import decode, encode_prompts
 from ..step.score import score_texts
 
@@ -61,6 +64,41 @@ def evaluate(
     if rows:
         extra["eos_rate"] = float(torch.cat(ended).sum()) / n
         extra["response_len"] = float(torch.cat(lengths).sum()) / n
+    return EvalResult(float((rewards >= success).sum()) / n, float(rewards.sum()) / n, completions, extra)
+
+
+@torch.no_grad()
+def evaluate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBase, env: EnvSpec,
+                      rows: Sequence[dict[str, Any]], reward_fn: Callable[..., Sequence[float]], *, cfg: RolloutConfig,
+                      success: float = 1.0, batch_size: int = 256,
+                      metrics: Mapping[str, Callable[..., Sequence[float]]] | None = None,
+                      stop_ids: Sequence[int] = (), context: int | None = None) -> EvalResult:
+    """`evaluate` in episodes (step/episodes.py): greedy turns in the environment `env`, each episode's
+    reward = the task's reward of its last turn + Σ the environment's rewards. Besides the task's
+    metrics: eos_rate (the last turn ended with a stop token), response_len (the model's tokens per
+    episode), turns_mean and tool_calls_per_episode."""
+    completions: list[str] = []
+    env_rewards, lengths, ended, turns, calls = [], [], [], [], []
+    one = replace(cfg, num_generations=1)
+    for start in range(0, len(rows), batch_size):
+        chunk = list(rows[start : start + batch_size])
+        ep = generate_episodes(engine, tokenizer, env, chunk, torch.arange(start, start + len(chunk)), cfg=one,
+                               seed=0, step=0, device=torch.device("cpu"), stop_ids=stop_ids, context=context,
+                               greedy=True)
+        assert ep.episodes is not None
+        completions += ep.completions
+        env_rewards.append(ep.episodes.env_reward)
+        lengths.append(ep.response_mask.sum(-1).cpu())
+        ended.append(ends_with_stop(ep.response_ids, ep.response_mask, stop_ids).cpu())
+        turns.append(ep.episodes.turns.float())
+        calls.append(ep.episodes.tool_calls.float())
+    if not rows:
+        return EvalResult(0.0, 0.0, [], {})
+    rewards = score_texts(reward_fn, rows, completions) + torch.cat(env_rewards)
+    n = len(rows)
+    extra = {name: float(score_texts(fn, rows, completions).sum()) / n for name, fn in (metrics or {}).items()}
+    extra.update(eos_rate=float(torch.cat(ended).sum()) / n, response_len=float(torch.cat(lengths).sum()) / n,
+                 turns_mean=float(torch.cat(turns).mean()), tool_calls_per_episode=float(torch.cat(calls).mean()))
     return EvalResult(float((rewards >= success).sum()) / n, float(rewards.sum()) / n, completions, extra)
 
 

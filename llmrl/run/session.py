@@ -32,7 +32,7 @@ from ..step.records import StepPlan
 from ..step.update import make_optimizers
 from ..tasks import Task, task_from_config, task_slug
 from .data import PromptSampler
-from .evaluate import EvalResult, evaluate, with_groups
+from .evaluate import EvalResult, evaluate, evaluate_episodes, with_groups
 from .folder import ReaderFolder, RunFolder
 from .preflight import check_sizes
 from .reporting import Reporter
@@ -192,6 +192,12 @@ def run_eval(s: Session) -> EvalResult | None:
         return None
 
     def on(part: Any) -> tuple[float, float, list[str], dict[str, float]]:
+        if s.env is not None:  # greedy episodes in the run's environment (tools and all)
+            res = evaluate_episodes(s.engine, s.tokenizer, s.env, part, s.task.reward, cfg=s.config.rollout,
+                                    success=s.task.success, batch_size=s.config.eval.batch_size, metrics=s.task.metrics,
+                                    stop_ids=stop_token_ids(s.tokenizer, s.stack.lm),
+                                    context=getattr(s.stack.lm.config.get_text_config(), "max_position_embeddings", None))
+            return res.accuracy, res.reward_mean, res.completions, res.metrics
         res = evaluate(s.engine, s.tokenizer, part, s.task.reward, max_new_tokens=s.config.rollout.max_new_tokens,
                        success=s.task.success, batch_size=s.config.eval.batch_size, metrics=s.task.metrics,
                        stop_ids=stop_token_ids(s.tokenizer, s.stack.lm))
