@@ -224,3 +224,17 @@ def test_evaluation_runs_greedy_episodes_with_the_tools() -> None:
     assert res.completions == ["36", "36"] and res.accuracy == 0.5 and res.reward_mean == 0.5
     assert res.metrics["turns_mean"] == 2 and res.metrics["tool_calls_per_episode"] == 1 and res.metrics["eos_rate"] == 1
     assert all(r.keys is None for r in engine.requests)  # greedy turns
+
+
+def test_a_template_that_cannot_render_the_answer_names_the_environment() -> None:
+    tok = chat_tokenizer()
+    tok.chat_template = ("{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tool role here') }}"
+                         "{% endif %}{{ m.role + ': ' + m.content + '<|im_end|>' }}{% endfor %}"
+                         "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}")
+    end, open_, close = (tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<tool_call>", "</tool_call>"))
+    call = '{"name": "calculator", "arguments": {"expression": "1+1"}}'
+    engine = ScriptedEngine([[open_, *char_ids(tok, call), close, end]])
+    with pytest.raises(EnvFailed, match=r"The chat template cannot render the answer of environment 'calculator' "
+                                        r"\(TemplateError: no tool role here\) \(episode 0\)\."):
+        generate_episodes(engine, tok, resolve_env("calculator"), [{"prompt": "x"}], torch.tensor([0]),
+                          cfg=RolloutConfig(max_new_tokens=80), seed=0, step=0, device=CPU, stop_ids=[end])

@@ -139,7 +139,11 @@ def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
             if out.done or not stopped or turn == cfg.max_turns - 1 or (budget is not None and len(ids[i]) >= budget):
                 done[i] = True
                 continue
-            answer = env_turn_ids(tokenizer, out.messages, tools, tokenizer.decode(sampled[-1:]))
+            try:
+                answer = env_turn_ids(tokenizer, out.messages, tools, tokenizer.decode(sampled[-1:]))
+            except Exception as exc:  # the template refuses the messages (a role it does not know, …)
+                raise EnvFailed(f"The chat template cannot render the answer of environment '{spec.name}' "
+                                f"({type(exc).__name__}: {str(exc).rstrip('.')}) (episode {i}).") from exc
             if budget is not None and len(ids[i]) + len(answer) >= budget:
                 done[i] = True  # no room left for the model to act on the answer
                 continue
