@@ -30,6 +30,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "bad-json").mkdir()
     (root / "bad-json" / "config.json").write_text("{not json")
     (root / "garbage.gguf").write_bytes(b"this is not a GGUF file")
+    # a GGUF header that promises tensors and metadata the file does not hold (a download cut short):
+    # magic, version 3, 1 tensor, 1 metadata entry, then the file ends inside the entry's key length
+    (root / "cut.gguf").write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (1).to_bytes(8, "little")
+                                    + (1).to_bytes(8, "little") + b"\x05\x00")
     return root
 
 
@@ -52,6 +56,7 @@ def _one_line(code: int, stdout: str, stderr: str, expected_code: int, message: 
         ("bad-json", "Cannot load model '{path}' as a causal LM: It looks like the config file"),
         ("classifier", "Model '{path}' is a LlamaForSequenceClassification, not a causal language model"),
         ("garbage.gguf", "Cannot load model '{path}' as a causal LM: {path} does not start with the GGUF magic bytes"),
+        ("cut.gguf", "Cannot load model '{path}' as a causal LM: the file is cut short or damaged"),
         ("missing.gguf", "Model file '{path}' does not exist."),
     ],
 )

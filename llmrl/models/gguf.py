@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import struct
 import uuid
 from pathlib import Path
 
@@ -75,7 +76,10 @@ def plain_copy(gguf: str | Path, out_dir: Path | None = None, trust_remote_code:
         loaded = AutoModelForCausalLM.from_pretrained(str(src.parent), dtype=torch.float32, **kwargs)
     except Exception as exc:  # a file cut short or altered fails inside the gguf reader in many ways
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        first = first if isinstance(exc, (OSError, ValueError)) else f"{type(exc).__name__}: {first}"
+        if isinstance(exc, (struct.error, EOFError)):  # the reader ran past the end of the file
+            first = f"the file is cut short or damaged ({first[:200]})"
+        elif not isinstance(exc, (OSError, ValueError)):
+            first = f"{type(exc).__name__}: {first}"
         raise ConfigError(f"Cannot load model '{src}' as a causal LM: {first[:300]}") from None
     try:
         config = loaded.config
