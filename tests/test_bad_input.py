@@ -93,7 +93,12 @@ def test_output_folder_under_a_file(tiny_model_dir: Path, tmp_path: Path) -> Non
 def test_resume_without_a_checkpoint(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Steps were logged but none checkpointed (a run with no completed step restarts instead:
     test_qa_files.py)."""
-    (tmp_path / "config.yaml").write_text(f"algo: ppo\nmodel:\n  name: {tiny_model_dir}\n")
+    import yaml
+
+    from llmrl.config.load import load_config, to_tree
+
+    whole = to_tree(load_config(overrides={"algo": "ppo", "model.name": str(tiny_model_dir), "out": str(tmp_path)}))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(whole))  # a whole run config, as a run writes it
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     _one_line(*_run(["train", "--resume", str(tmp_path)]), 2,
               f"'{tmp_path}' has no checkpoint to resume from; start it again with --overwrite.")
