@@ -64,6 +64,7 @@ ALGOS: dict[str, Algo] = {
              {"update.clip_eps": 0.2, "update.clip_eps_high": 0.28, "update.loss_agg": "token-mean",
               "kl.beta": 0.0, "reward.overlong_buffer": 0.2, "reward.overlong_penalty": 1.0,
               "update.mask_truncated": True, "rollout.filter_groups": True, "rollout.max_draws": 3,
+              "rollout.filter_on": "score",  # the paper's filter: 0 < #correct < G, whatever the length penalty
               **_ONE_UPDATE, **_GROUPS}),
         # CISPO: the stop-gradient clipped IS weight; no lower bound (ε_low = 1, as the paper), the weight
         # capped at 4 (ε_high = 3: the paper gives no value; ScaleRL's and Tinker's cap), token-mean, no KL

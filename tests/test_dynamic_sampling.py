@@ -227,7 +227,7 @@ def test_resumed_refill_run_matches_an_uninterrupted_one(tiny_model_dir: Path, t
       "--set", "kl.beta=0.1"],
      "'rollout.filter_groups' compares a group's rewards before the forwards, but with KL in the reward "
      "(kl.placement=reward, kl.beta=0.1) the estimator sees them minus β·KL, known only after; use kl.placement=loss "
-     "or kl.beta=0."),
+     "or kl.beta=0 (or rollout.filter_on=score to compare the scores alone)."),
 ])
 def test_bad_dynamic_sampling_settings_are_refused(tiny_model_dir: Path, tmp_path: Path, sets: list[str], message: str) -> None:
     out = tmp_path / "run"

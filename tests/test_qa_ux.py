@@ -74,7 +74,8 @@ def test_the_built_in_default_run_is_unchanged() -> None:
     ppo = _resolved()
     assert ppo["model"]["name"] == "tiny" and ppo["steps"] == 400 and ppo["threads"] is None
     assert ppo["rollout"] == {"engine": "hf", "prompts_per_step": 512, "num_generations": 1, "max_new_tokens": 5, "temperature": 1.0,
-                              "top_p": 1.0, "filter_groups": False, "max_draws": 0, "oversample": 0, "filter_scale": False,
+                              "top_p": 1.0, "filter_groups": False, "filter_on": "reward", "max_draws": 0, "oversample": 0,
+                              "filter_scale": False,
                               "generation_logprobs": True, "env": None, "max_turns": 4, "max_episode_tokens": None,
                               "tool_timeout_s": 5.0, "env_timeout_s": 60.0}
     assert ppo["update"]["minibatch_size"] == 256 and ppo["update"]["lr_actor"] == 1e-3

@@ -307,10 +307,12 @@ def _check_consistency(config: Config) -> None:
     _check_sampling_and_kl(config)
     _check_is_band(config.update.is_band)
     _check_filter_groups(config.rollout)
-    if config.rollout.filter_groups and config.kl.placement == "reward" and config.kl.beta > 0:
+    if (config.rollout.filter_groups and config.rollout.filter_on == "reward" and config.kl.placement == "reward"
+            and config.kl.beta > 0):
         raise ConfigError(f"'rollout.filter_groups' compares a group's rewards before the forwards, but with KL in the "
                           f"reward (kl.placement=reward, kl.beta={config.kl.beta:g}) the estimator sees them minus "
-                          "β·KL, known only after; use kl.placement=loss or kl.beta=0.")
+                          "β·KL, known only after; use kl.placement=loss or kl.beta=0 (or rollout.filter_on=score "
+                          "to compare the scores alone).")
     if config.update.on_policy_logprobs == "on" and not exactly_on_policy(config):
         raise ConfigError(not_on_policy(config, rows))
     if config.update.on_policy_values == "on" and not on_policy_values(config):

@@ -84,6 +84,11 @@ class RolloutConfig:
     filter_groups: bool = opt(
         False, "dynamic sampling (DAPO): drop the groups whose G rewards are all equal (zero group advantage) "
         "before the forward and update, so no pass is spent on them; needs num_generations ≥ 2 (docs/algorithms.md)")
+    filter_on: str = opt(
+        "reward", "with filter_groups, what is compared within a group: 'reward' what the estimator sees (the "
+        "score plus the overlong penalty), so every dropped group has zero advantage; 'score' the task's score "
+        "alone, as DAPO's and verl's accuracy filter: a group of equal scores is dropped even when the overlong "
+        "penalty differs, discarding its length signal", choices=("reward", "score"))
     max_draws: int = opt(
         0, "with filter_groups: at most this many extra rounds of prompts are generated to refill the batch "
         "to B informative groups (0: train on the groups left); logged as ds_draws", min=0)

@@ -5,7 +5,8 @@
               + K more prompts in the same batch                (rollout.oversample = K, with the filter:
                                                                  extra_prompts seeded by (seed, step, 0))
     filter:   keep the groups whose G rewards differ            (rollout.filter_groups; the rewards the
-                                                                 estimator sees: score + overlong penalty)
+                                                                 estimator sees, score + overlong penalty,
+                                                                 or the scores alone: rollout.filter_on)
     round d:  n_d more prompts (extra_prompts, seeded by (seed, step, d)), their samples keyed from
               sample index d·G → generate → score → filter      (d = 1 … rollout.max_draws, while
                                                                  fewer than B groups are kept)
@@ -89,7 +90,8 @@ def draw(s: Session, step: int, rows: list[dict[str, Any]], index: torch.Tensor,
             taken |= set(more.tolist())
             drawn, extra = drawn + len(more), extra + 1
             current = one_round([s.task.train[i] for i in more.tolist()], more, d)
-        ok = informative(sequence_rewards(current[0], current[1].scores, cfg), g)
+        raw = current[1].scores
+        ok = informative(raw if cfg.rollout.filter_on == "score" else sequence_rewards(current[0], raw, cfg), g)
         dropped += int((~ok).sum())
         chosen = ok.nonzero().squeeze(1)[: want - n_kept]
         if len(chosen):
