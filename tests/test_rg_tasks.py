@@ -67,6 +67,10 @@ def test_generator_settings_from_the_query_string() -> None:
     assert all("*" not in q and "/" not in q for q in questions) and any("-" in q for q in questions)
     assert rgt.parse("rg:leg_counting?max_animals=3&x=true&y=[1, 2]&z=a") == (
         "leg_counting", {"max_animals": 3, "x": True, "y": [1, 2], "z": "a"})
+    # '+' is a plus, not a query string's space (the docs' `operators=+,-`); %2B and %26 decode
+    assert rgt.parse("rg:basic_arithmetic?operators=+,-&b=%2B&c=a%26b") == (
+        "basic_arithmetic", {"operators": "+,-", "b": "+", "c": "a&b"})
+    assert rgt.check_settings("basic_arithmetic", {"operators": "+,-"}, "s") == {"operators": ("+", "-")}
 
 
 def test_strict_and_lenient_readings() -> None:

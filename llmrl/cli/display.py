@@ -11,6 +11,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..config import Config
+from ..config.model_defaults import device_kind
+from ..config.precision import dtype_note
 from ..run.evaluate import EvalResult
 from ..run.memory import RoleCost
 
@@ -66,7 +68,8 @@ class RichReporter:
         self.warned_zero = False
 
     def start(self, config: Config, costs: list[RoleCost], run_dir: Path) -> None:
-        table = Table(title=f"Memory by role ({config.model.name}, {config.model.dtype})")
+        table = Table(title=f"Memory by role ({config.model.name}, {config.model.dtype}: "
+                            f"{dtype_note(config.model.dtype, device_kind(config.model.device))})")
         table.add_column("role")
         table.add_column("parameters", justify="right")
         table.add_column("memory", justify="right")

@@ -20,7 +20,8 @@ import yaml
 
 from ..errors import ConfigError
 from .domains import check_domain
-from .model_defaults import defaults_for_model
+from . import precision
+from .model_defaults import defaults_for_model, device_kind
 from .on_policy import exactly_on_policy, not_on_policy, on_policy_values
 from .schema import Config, ModelConfig
 
@@ -259,7 +260,8 @@ def load_config(
     overrides: Mapping[str, Any] | None = None,
     sets: list[str] | None = None,
 ) -> Config:
-    """The run's Config: defaults < algo preset < model defaults < recipe < overrides < `--set` items.
+    """The run's Config: defaults < algo preset < model defaults < recipe < overrides < `--set` items,
+    with a dtype 'auto' replaced by this hardware's fastest (config/precision.py).
 
     `overrides` holds already-typed values (CLI flags, Python callers); `sets` holds raw
     'key=value' strings.
@@ -273,8 +275,9 @@ def load_config(
     model = user.get("model.name", ModelConfig.name)
     preset = preset_for(str(algo))
     grouped = int(preset.get("rollout.num_generations", 1)) > 1
-    own = defaults_for_model(str(model), str(user.get("model.device", ModelConfig.device)), grouped)
-    merged = {**preset, **own, **user}
+    device = str(user.get("model.device", ModelConfig.device))
+    own = defaults_for_model(str(model), device, grouped)
+    merged = precision.resolve({**preset, **own, **user}, device_kind(device), ModelConfig.dtype)
     config = build(merged)
     _check_consistency(config)
     return config

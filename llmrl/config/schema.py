@@ -34,7 +34,8 @@ def auto_switch(help: str) -> Any:
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = opt("tiny", "'tiny' (built-in), a Hugging Face hub id, a local model folder or a .gguf file")
-    dtype: str = opt("float32", "weights dtype", choices=("float32", "bfloat16", "float16"))
+    dtype: str = opt("auto", "weights dtype; 'auto': the fastest on this hardware (bfloat16 on a GPU with it or a CPU "
+                     "with AMX, else float32; llmrl/config/precision.py)", choices=("auto", "float32", "bfloat16", "float16"))
     device: str = opt("cpu", "where to run", choices=("cpu", "cuda", "auto"))
     trust_remote_code: bool = opt(False, "let transformers run code shipped with the model")
     share_prompts: bool = opt(
@@ -300,8 +301,8 @@ class EngineConfig:
         "layers (and trained modules_to_save) into its weights; 'adapter' serves the LoRA adapter as a LoRA request "
         "(one base in memory; slower kernels, on the CPU especially)", choices=("merged", "adapter"),
     )
-    dtype: str | None = opt(None, "the engine's dtype; default: the model's (model.dtype)",
-                            choices=("float32", "bfloat16", "float16"))
+    dtype: str | None = opt(None, "the engine's dtype; default: the model's (model.dtype); 'auto': the fastest on "
+                            "this hardware", choices=("auto", "float32", "bfloat16", "float16"))
     gpu_memory_utilization: float = opt(
         0.3, "on a GPU: the share of its memory the engine takes for weights and KV cache (the trainer needs the rest)",
         gt=0, max=1,

@@ -33,7 +33,7 @@ from peft.utils import ModulesToSaveWrapper
 from torch import Tensor
 
 from ..errors import ConfigError
-from ..models.load import BUILTIN_MODELS, DTYPES, model_source, resolve_device
+from ..models.load import BUILTIN_MODELS, model_source, resolve_device, torch_dtype
 from ..models.stack import PolicyStack
 from ..models.tokenizer import stop_token_ids
 from ..parallel.distributed import SINGLE, DistContext, world_from_env
@@ -318,7 +318,7 @@ def vllm_engine(*, stack: PolicyStack, tokenizer: Any, config: Any, dist: DistCo
     vllm = _import_vllm()
     if device.type == "cpu":
         _check_cpu_head_size(stack.lm.config.get_text_config())
-    dtype = DTYPES[config.engine.dtype] if config.engine.dtype else stack.lm.dtype
+    dtype = torch_dtype(config.engine.dtype, config.model.device) if config.engine.dtype else stack.lm.dtype
     source, _ = model_source(config.model, show_progress=False)
     threads, set_threads = torch.get_num_threads(), torch.set_num_threads
     try:

@@ -8,10 +8,20 @@ from typing import Callable
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from ..config import precision
+from ..config.model_defaults import device_kind
 from ..config.schema import ModelConfig
 from ..errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(name: str, device: str = "cpu") -> torch.dtype:
+    """The torch dtype a model.dtype / engine.dtype names; 'auto' (a Config built without load_config,
+    which resolves it) is this hardware's fastest for `device` (config/precision.py)."""
+    if name == precision.AUTO:
+        name = precision.fastest_dtype(device_kind(device))[0]
+    return DTYPES[name]
 
 BUILTIN_MODELS: dict[str, Callable[[bool], Path]] = {}
 """Built-in model names → `build(show_progress) -> folder` (the `tiny` model is registered by
@@ -79,7 +89,7 @@ def load_base(cfg: ModelConfig, show_progress: bool = True) -> tuple[PreTrainedM
     kwargs = {"trust_remote_code": cfg.trust_remote_code, **({"gguf_file": gguf} if gguf else {})}
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[cfg.dtype], **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype(cfg.dtype, cfg.device), **kwargs)
     except Exception as exc:  # transformers, tokenizers and safetensors raise many kinds for a broken file
         raise ConfigError(f"Cannot load model '{cfg.name}' as a causal LM: {load_failure(exc, source)}") from None
     check_causal(cfg.name, model)

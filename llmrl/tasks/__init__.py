@@ -148,14 +148,14 @@ def task_from_config(config: "Config") -> Task:
             raise ConfigError("A dataset needs a reward: pass --reward NAME or set reward.functions "
                               "(built-ins: exact_match, numeric, first_number, math, format, length_penalty).")
         return task
-    from ..models.load import DTYPES, resolve_device
+    from ..models.load import resolve_device, torch_dtype
     from ..rewards import build_reward, check_columns
 
     columns = lambda rows: {k for row in rows[:1] for k in row if k != "prompt"}  # noqa: E731
     if config.data.eval_dataset and task.eval:  # each file must hold what the rewards read
         check_columns(config.reward.functions, columns(task.eval), config.data.eval_dataset)
     reward = build_reward(config.reward.functions, columns=columns(task.train or task.eval), source=source,
-                          device=resolve_device(config.model.device), dtype=DTYPES[config.model.dtype],
+                          device=resolve_device(config.model.device), dtype=torch_dtype(config.model.dtype, config.model.device),
                           batch_size=config.reward.batch_size, trust_remote_code=config.model.trust_remote_code)
     return replace(task, reward=reward, success=config.reward.success)
 

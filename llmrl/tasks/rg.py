@@ -33,7 +33,7 @@ import dataclasses
 import re
 from functools import cache
 from typing import Any, Callable, Mapping, Sequence
-from urllib.parse import parse_qsl
+from urllib.parse import unquote
 
 import yaml
 
@@ -82,16 +82,18 @@ def names() -> list[str]:
 
 
 def parse(spec: str) -> tuple[str, dict[str, Any]]:
-    """'rg:NAME?k=v&k2=v2' → ('NAME', {k: v, k2: v2}), each value read as YAML ('3' → 3,
-    '[+, -]' → ['+', '-'], 'true' → True)."""
+    """'rg:NAME?k=v&k2=v2' → ('NAME', {k: v, k2: v2}), each value %-decoded ('+' stays '+') and read as
+    YAML ('3' → 3, '[+, -]' → ['+', '-'], 'true' → True)."""
     body = spec[len(PREFIX):] if is_rg(spec) else spec
     name, _, query = body.partition("?")
     if not name:
         raise ConfigError(f"Task '{spec}' names no reasoning-gym dataset; write rg:NAME (see `llmrl tasks`).")
-    try:
-        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
-    except ValueError:
-        raise ConfigError(f"Task '{spec}': the settings after '?' must read key=value&key=value.") from None
+    pairs = []
+    for part in query.split("&") if query else []:  # not parse_qsl: it reads '+' as a space (operators=+,-)
+        key, eq, raw = part.partition("=")
+        if not eq or not key:
+            raise ConfigError(f"Task '{spec}': the settings after '?' must read key=value&key=value.")
+        pairs.append((unquote(key), unquote(raw)))
     settings: dict[str, Any] = {}
     for key, raw in pairs:
         try:
