@@ -71,6 +71,11 @@ def test_generator_settings_from_the_query_string() -> None:
     assert rgt.parse("rg:basic_arithmetic?operators=+,-&b=%2B&c=a%26b") == (
         "basic_arithmetic", {"operators": "+,-", "b": "+", "c": "a&b"})
     assert rgt.check_settings("basic_arithmetic", {"operators": "+,-"}, "s") == {"operators": ("+", "-")}
+    # and in --task, where commas also separate a mixture's tasks: only a task's name starts a new one
+    from llmrl.tasks.mixture import split_names
+    assert split_names("rg:basic_arithmetic?operators=+,-,chat_sum,rg:gcd?max_value=20,rg:lcm", ("chat_sum",)) == [
+        "rg:basic_arithmetic?operators=+,-", "chat_sum", "rg:gcd?max_value=20", "rg:lcm"]
+    assert split_names("arithmetic,chat_sum") == ["arithmetic", "chat_sum"]  # no settings: every comma splits
 
 
 def test_strict_and_lenient_readings() -> None:

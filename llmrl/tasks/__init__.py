@@ -102,7 +102,7 @@ def task_slug(task: str) -> str:
 def build_task(config: "Config") -> Task:
     """The task of `config.task` (with `rg.*` and `mix.tasks`): one task, or a mixture (mixture.py)."""
     kw = dict(eval_size=config.rg.eval_size, split_seed=config.data.split_seed, reward=config.rg.reward)
-    parts = mixture.entries(config.task, config.mix.tasks)
+    parts = mixture.entries(config.task, config.mix.tasks, TASKS)
     if config.task != "mix" and len(parts) == 1:
         return get_task(config.task, config.rg.config, train_size=config.rg.train_size, **kw)
     if config.rg.config:

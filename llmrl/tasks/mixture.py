@@ -20,22 +20,25 @@ name); the reward and each metric score a row with its own task's functions, and
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from ..errors import ConfigError
+from . import rg
 
 ENTRY_KEYS = ("name", "weight", "config")
 Rows = list[dict[str, Any]]
 Fn = Callable[..., Sequence[float]]
 
 
-def split_names(task: str) -> list[str]:
-    """'a,rg:b?x=[1,2],c' → ['a', 'rg:b?x=[1,2]', 'c']: commas inside brackets or braces belong to a value."""
+def split_names(task: str, builtin: Collection[str] = ()) -> list[str]:
+    """'a,rg:b?x=[1,2],c' → ['a', 'rg:b?x=[1,2]', 'c']: commas inside brackets or braces belong to a
+    value, and so does a comma inside a task's settings (after its '?') unless what follows it starts
+    a task (rg:… or one of `builtin`): 'rg:b?ops=+,-,c' → ['rg:b?ops=+,-', 'c']."""
     parts, depth, cur = [], 0, ""
-    for ch in task:
+    for i, ch in enumerate(task):
         depth += ch in "[{"
         depth -= ch in "]}"
-        if ch == "," and depth == 0:
+        if ch == "," and depth == 0 and ("?" not in cur or _starts_task(task[i + 1 :], builtin)):
             parts.append(cur.strip())
             cur = ""
         else:
@@ -46,12 +49,20 @@ def split_names(task: str) -> list[str]:
     return parts
 
 
-def entries(task: str, mix_tasks: list[dict[str, Any]] | None) -> list[tuple[str, float, dict[str, Any]]]:
-    """[(name, weight, settings)] of a mixture (`task: mix` with mix.tasks, or 'A,B'), checked."""
+def _starts_task(rest: str, builtin: Collection[str]) -> bool:
+    """Whether `rest` (the text after a comma) begins with a task's name."""
+    head = rest.strip()
+    return head.startswith(rg.PREFIX) or head.split("?", 1)[0].split(",", 1)[0].strip() in builtin
+
+
+def entries(task: str, mix_tasks: list[dict[str, Any]] | None,
+            builtin: Collection[str] = ()) -> list[tuple[str, float, dict[str, Any]]]:
+    """[(name, weight, settings)] of a mixture (`task: mix` with mix.tasks, or 'A,B'; `builtin`: the
+    built-in tasks' names), checked."""
     if task != "mix":
         if mix_tasks:
             raise ConfigError(f"'mix.tasks' is set but task is '{task}'; set task: mix to train on the mixture.")
-        return [(name, 1.0, {}) for name in split_names(task)]
+        return [(name, 1.0, {}) for name in split_names(task, builtin)]
     if not mix_tasks:
         raise ConfigError("task 'mix' trains on the tasks of mix.tasks, which is empty; list them, "
                           "e.g. mix.tasks: [{name: rg:leg_counting, weight: 2}, {name: chat_sum}].")
@@ -61,7 +72,7 @@ def entries(task: str, mix_tasks: list[dict[str, Any]] | None) -> list[tuple[str
         if bad:
             raise ConfigError(f"mix.tasks entry {spec!r} has unknown key '{bad[0]}'; its keys: {', '.join(ENTRY_KEYS)}.")
         name, weight, settings = spec.get("name"), spec.get("weight", 1.0), spec.get("config") or {}
-        if not isinstance(name, str) or not name.strip() or name == "mix" or len(split_names(name)) != 1:
+        if not isinstance(name, str) or not name.strip() or name == "mix" or len(split_names(name, builtin)) != 1:
             raise ConfigError(f"mix.tasks entry {spec!r} needs a 'name': one task (arithmetic, chat_sum or rg:NAME).")
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
             raise ConfigError(f"mix.tasks entry '{name}': 'weight' must be a number > 0, got {weight!r}.")
