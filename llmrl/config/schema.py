@@ -307,9 +307,11 @@ class EngineConfig:
         0.3, "on a GPU: the share of its memory the engine takes for weights and KV cache (the trainer needs the rest)",
         gt=0, max=1,
     )
-    kv_cache_gb: float = opt(1.0, "on the CPU: GiB of KV cache the engine allocates", gt=0)
-    max_model_len: int | None = opt(None, "longest prompt + response (tokens) the engine serves; default: the "
-                                    "model's context", min=1)
+    kv_cache_gb: float | None = opt(None, "on the CPU: GiB of KV cache the engine allocates; default: sized to the run, "
+                                    "1.25 × its rows at once × (longest prompt + max_new_tokens) (engines/vllm_memory.py)",
+                                    gt=0)
+    max_model_len: int | None = opt(None, "longest prompt + response (tokens) the engine serves; default: the run's "
+                                    "longest prompt + rollout.max_new_tokens", min=1)
     max_num_seqs: int = opt(256, "most sequences the engine decodes at once", min=1)
     enforce_eager: bool | None = opt(None, "run without CUDA graphs or compilation; default: true on the CPU, false "
                                      "on a GPU")

@@ -38,6 +38,7 @@ from ..models.stack import PolicyStack
 from ..models.tokenizer import stop_token_ids
 from ..parallel.distributed import SINGLE, DistContext, world_from_env
 from .actor_weights import ADAPTER, ActorSnapshot, actor_is_base, actor_tensors, buckets, changed_names
+from . import vllm_memory
 from .base import Generation, GenerationRequest, register_engine
 
 MISSING = ("rollout.engine 'vllm' needs vLLM, which is not installed: pip install 'llmrl[vllm]' on a GPU "
@@ -234,8 +235,10 @@ class VLLMEngine:
                 "engine_syncs_skipped": float(self.skipped)}
 
 
-def _llm_settings(config: Any, source: str, device: torch.device, dtype: torch.dtype, lora_rank: int) -> dict[str, Any]:
-    """vllm.LLM's arguments for this run (engine.* settings; docs/engines.md)."""
+def _llm_settings(config: Any, source: str, device: torch.device, dtype: torch.dtype, lora_rank: int,
+                  text_config: Any = None, longest_prompt: int | None = None) -> dict[str, Any]:
+    """vllm.LLM's arguments for this run (engine.* settings; docs/engines.md): the context and, on the
+    CPU, the KV cache sized to the run's rows and longest prompt (vllm_memory.py)."""
     e = config.engine
     on_gpu = device.type == "cuda"
     settings: dict[str, Any] = dict(
@@ -244,12 +247,12 @@ def _llm_settings(config: Any, source: str, device: torch.device, dtype: torch.d
         enforce_eager=(not on_gpu) if e.enforce_eager is None else e.enforce_eager,
         logprobs_mode="processed_logprobs", max_num_seqs=e.max_num_seqs,
     )
-    if e.max_model_len:
-        settings["max_model_len"] = e.max_model_len
+    if length := vllm_memory.context_tokens(config, longest_prompt):
+        settings["max_model_len"] = length
     if on_gpu:
         settings.update(gpu_memory_utilization=e.gpu_memory_utilization, enable_sleep_mode=e.sleep)
     else:
-        settings["kv_cache_memory_bytes"] = int(e.kv_cache_gb * 2**30)
+        settings["kv_cache_memory_bytes"] = vllm_memory.kv_cache_bytes(config, text_config, dtype, longest_prompt)
     if e.sync == "adapter":
         settings.update(enable_lora=True, max_lora_rank=lora_rank, max_loras=1)
     return settings
@@ -310,8 +313,10 @@ def _check_cpu_head_size(text_config: Any) -> None:
 
 
 @register_engine("vllm", preflight)
-def vllm_engine(*, stack: PolicyStack, tokenizer: Any, config: Any, dist: DistContext = SINGLE) -> VLLMEngine:
-    """A colocated vLLM engine on the run's device, loaded from the base's folder (or hub id)."""
+def vllm_engine(*, stack: PolicyStack, tokenizer: Any, config: Any, dist: DistContext = SINGLE,
+                longest_prompt: int | None = None) -> VLLMEngine:
+    """A colocated vLLM engine on the run's device, loaded from the base's folder (or hub id); its
+    context and KV cache sized to `longest_prompt` (tokens) + rollout.max_new_tokens (vllm_memory.py)."""
     device = stack.lm.device
     check_settings(config, device)
     _check_tied_copies(stack)
@@ -322,7 +327,8 @@ def vllm_engine(*, stack: PolicyStack, tokenizer: Any, config: Any, dist: DistCo
     source, _ = model_source(config.model, show_progress=False)
     threads, set_threads = torch.get_num_threads(), torch.set_num_threads
     try:
-        llm = vllm.LLM(**_llm_settings(config, source, device, dtype, config.lora.r))
+        llm = vllm.LLM(**_llm_settings(config, source, device, dtype, config.lora.r, stack.lm.config.get_text_config(),
+                                       longest_prompt))
     except Exception as exc:  # vLLM's own refusals (an architecture or head size it lacks kernels for)
         raise ConfigError(f"vLLM cannot serve model '{config.model.name}': {_first_line(exc)}.") from None
     finally:  # vLLM's CPU worker pins torch to 1 thread and disables set_num_threads: the trainer needs them

@@ -136,9 +136,10 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
         from ..parallel.fsdp import shard_base  # late: only runs that ask for it
 
         dist = shard_base(stack, dist)
-    check_context(task, tokenizer, base.config, config.rollout.max_new_tokens,
-                  config.engine.max_model_len if config.rollout.engine == "vllm" else None)
-    engine = build_engine(config.rollout.engine, stack=stack, tokenizer=tokenizer, config=config, dist=dist)
+    longest = check_context(task, tokenizer, base.config, config.rollout.max_new_tokens,
+                            config.engine.max_model_len if config.rollout.engine == "vllm" else None)
+    engine = build_engine(config.rollout.engine, stack=stack, tokenizer=tokenizer, config=config, dist=dist,
+                          longest_prompt=longest)
     session = Session(
         config, task, tokenizer, stack, engine, spec, plan_for(config, spec, stack, getattr(engine, "own_weights", False)), make_optimizers(stack, config.update),
         KLController(config.kl.beta, config.kl.adaptive, config.kl.target, config.kl.horizon),
@@ -161,27 +162,29 @@ def record_steps(folder: RunFolder, config: Config) -> None:
 
 
 def check_context(task: Task, tokenizer: PreTrainedTokenizerBase, model_config: Any, max_new_tokens: int,
-                  engine_limit: int | None = None) -> None:
-    """Refuse prompts that cannot fit, with the response, in the model's context window, or in the vllm
-    engine's `engine.max_model_len` (`engine_limit`) where that is smaller: vLLM would stop such a
+                  engine_limit: int | None = None) -> int:
+    """The longest prompt of the task, in tokens (it sizes the vllm engine's context and KV cache),
+    after refusing prompts that cannot fit, with the response, in the model's context window, or in the
+    vllm engine's `engine.max_model_len` (`engine_limit`) where that is smaller: vLLM would stop such a
     response at the cap with finish reason 'length' before max_new_tokens (scored as if it had ended,
     missed by truncated_rows and the overlong penalty), or refuse a longer prompt mid-run."""
     model_limit = getattr(model_config.get_text_config(), "max_position_embeddings", None)
     limit, where = model_limit, f"the model's context of {model_limit} tokens"
     if engine_limit and (not model_limit or engine_limit < model_limit):
         limit, where = engine_limit, f"the vllm engine's engine.max_model_len of {engine_limit} tokens"
-    if not limit:
-        return
+    longest = 0
     for split, rows in (("train", task.train), ("eval", task.eval)):
         if not rows:  # no held-out split (data.eval_fraction=0): tokenizing [] raises
             continue
         lengths = [len(ids) for ids in tokenize_prompts(tokenizer, [r["prompt"] for r in rows]).input_ids]
+        longest = max(longest, *lengths)
         for i, n in enumerate(lengths):
-            if n + max_new_tokens > limit:
+            if limit and n + max_new_tokens > limit:
                 raise ConfigError(
                     f"Prompt {i} of the {split} split has {n} tokens; with rollout.max_new_tokens={max_new_tokens} "
                     f"it exceeds {where}."
                 )
+    return longest
 
 
 def run_eval(s: Session) -> EvalResult | None:
