@@ -78,6 +78,24 @@ def test_generator_settings_from_the_query_string() -> None:
     assert split_names("arithmetic,chat_sum") == ["arithmetic", "chat_sum"]  # no settings: every comma splits
 
 
+def test_the_last_line_convention() -> None:
+    # rg.answer=line: the prompt asks for the answer alone on the last line, and strict reads that line
+    # as it is; reasoning-gym's default scorer gives len(answer)/len(line) when the answer sits inside
+    # it, the partial credit that lets a model which never writes tags learn the convention
+    task = get_task("rg:gcd?max_value=20", train_size=20, eval_size=10, answer="line")
+    row = task.eval[0]
+    a = row["answer"]
+    assert row["prompt"].endswith("\n\nWrite your final answer alone on the last line.")
+    completions = [f"Working...\n{a}\n", f"The gcd is {a}", f"<answer>{a}</answer>", "", f"{a}\nor not"]
+    cols = dict(answer=[a] * 5, rg_id=[row["rg_id"]] * 5, task=[row["task"]] * 5)
+    scores = task.reward([row["prompt"]] * 5, completions, **cols)
+    assert scores[0] == 1.0 and scores[3] == 0.0 and scores[4] == 0.0
+    assert scores[1] == pytest.approx(len(a) / len(f"The gcd is {a}"), abs=1e-9)  # partial credit
+    assert scores[2] == pytest.approx(len(a) / len(f"<answer>{a}</answer>"), abs=1e-9)  # the tags are not the line's
+    assert task.metrics["strict_accuracy"]([row["prompt"]] * 5, completions, **cols) == [1.0, 0, 0, 0, 0]
+    assert task.metrics["lenient_accuracy"]([row["prompt"]] * 5, completions, **cols)[:4] == [1.0, 1.0, 1.0, 0]
+
+
 def test_strict_and_lenient_readings() -> None:
     task = _task("rg:leg_counting")
     row = task.eval[0]

@@ -279,10 +279,14 @@ class RGConfig:
     eval_size: int = opt(500, "held-out questions generated, from seeds disjoint from the train ones: the held-out set "
                          "is fixed by (task, its settings, this size, data.split_seed); a run scores its first eval.size",
                          min=1, max=10**5)
-    reward: str = opt("strict", "what trains: 'strict' reasoning-gym's score of the last <answer>…</answer>; 'lenient' "
-                      "the best score of the looser readings (last line, last number); 'both' their mean (a right answer "
-                      "outside the tags earns half); strict and lenient accuracy are reported either way",
+    reward: str = opt("strict", "what trains: 'strict' reasoning-gym's score of the answer rg.answer reads; 'lenient' "
+                      "the best score of the looser readings (tag, last line cleaned, last number); 'both' their mean (a "
+                      "right answer outside the convention earns half); strict and lenient accuracy are reported either way",
                       choices=("strict", "lenient", "both"))
+    answer: str = opt("tag", "the answer convention the prompt states and strict accuracy reads: 'tag' the last "
+                      "<answer>…</answer> (reasoning-gym's own); 'line' the last non-empty line, as it is (a small model "
+                      "that never writes the tags still earns partial credit there: docs/tasks.md)",
+                      choices=("tag", "line"))
 
 
 @dataclass(frozen=True)

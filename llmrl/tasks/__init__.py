@@ -77,11 +77,12 @@ register_builtin_model("tiny", lambda show_progress: ensure_tiny(tiny_corpus, sh
 
 
 def get_task(name: str, settings: dict[str, Any] | None = None, *, train_size: int = 1000, eval_size: int = 500,
-             split_seed: int = 1234, reward: str = "strict", label: str | None = None) -> Task:
+             split_seed: int = 1234, reward: str = "strict", answer: str = "tag", label: str | None = None) -> Task:
     """One task: a built-in (`TASKS`) or a reasoning-gym one, 'rg:NAME?k=v…' with `settings` under the
     query's own (rg.py: train_size questions, eval_size held out, seeds from split_seed)."""
     if rg.is_rg(name):
-        source = rg.load(name, settings, train_size=train_size, eval_size=eval_size, split_seed=split_seed)
+        source = rg.load(name, settings, train_size=train_size, eval_size=eval_size, split_seed=split_seed,
+                         answer=answer)
         train, held_out = rg.rows(source, label or name)
         fn, metrics = rg.reward_fns(source, reward)
         return Task(label or name, train, held_out, fn, metrics=metrics)
@@ -101,7 +102,8 @@ def task_slug(task: str) -> str:
 
 def build_task(config: "Config") -> Task:
     """The task of `config.task` (with `rg.*` and `mix.tasks`): one task, or a mixture (mixture.py)."""
-    kw = dict(eval_size=config.rg.eval_size, split_seed=config.data.split_seed, reward=config.rg.reward)
+    kw = dict(eval_size=config.rg.eval_size, split_seed=config.data.split_seed, reward=config.rg.reward,
+              answer=config.rg.answer)
     parts = mixture.entries(config.task, config.mix.tasks, TASKS)
     if config.task != "mix" and len(parts) == 1:
         return get_task(config.task, config.rg.config, train_size=config.rg.train_size, **kw)

@@ -4,12 +4,15 @@ reasoning-gym (`pip install 'llmrl[reasoning-gym]'`) generates about a hundred p
 tasks offline, each item a {question, answer, metadata} and each dataset with its own
 `score_answer(answer, entry) -> float` in [0, 1]. Here:
 
-- prompt: the question, then `INSTRUCTION` (the answer convention), as one string: a chat model's
-  template renders it as one user message (`models/prompts.py`), a model without one reads it raw;
+- prompt: the question, then the answer convention of `rg.answer` (`INSTRUCTIONS`: 'tag', "Put your
+  final answer between <answer> and </answer> tags.", or 'line', "Write your final answer alone on the
+  last line."), as one string: a chat model's template renders it as one user message
+  (`models/prompts.py`), a model without one reads it raw;
 - `answer` column: the item's answer; `rg_id` column: the item's place in this task's pool, which is
   how the reward finds the item's metadata for `score_answer`; `task` column: the task's name;
-- reward (`reward`): `score_answer(extract_answer(c), item)`, where `extract_answer` is the content of
-  the completion's last `<answer>…</answer>` pair (reasoning-gym's own extraction); no pair scores 0.
+- reward (`reward`): `score_answer(strict_answer(c), item)`, where `strict_answer` is the content of
+  the completion's last `<answer>…</answer>` pair (reasoning-gym's own `extract_answer`; no pair
+  scores 0), or with `rg.answer: line` its last non-empty line as it is (no line scores 0).
   A scorer that raises on a completion scores it 0. `rg.reward: lenient` trains on `lenient` instead,
   `rg.reward: both` on (strict + lenient) / 2 (a right answer outside the tags earns half);
 - metrics, reported by every evaluation: `strict_accuracy` = share of completions whose strict score
@@ -44,6 +47,7 @@ PREFIX = "rg:"
 TRAIN_OFFSET = 10**6
 OWN_KEYS = ("seed", "size")  # set by llmrl (data.split_seed, rg.train_size / rg.eval_size)
 INSTRUCTION = "Put your final answer between <answer> and </answer> tags."
+INSTRUCTIONS = {"tag": INSTRUCTION, "line": "Write your final answer alone on the last line."}
 INSTALL = "pip install 'llmrl[reasoning-gym]' (from a clone: pip install -e '.[reasoning-gym]')"
 Rows = list[dict[str, Any]]
 
@@ -165,6 +169,7 @@ class Source:
     items: list[dict[str, Any]]
     n_train: int
     scorer: Any
+    answer: str = "tag"  # the convention (rg.answer): 'tag' or 'line'
 
     def score(self, answer: str | None, rg_id: int) -> float:
         """reasoning-gym's `score_answer` of `answer` for item `rg_id` (0 for no answer or a scorer error)."""
@@ -177,9 +182,10 @@ class Source:
 
 
 def load(spec: str, settings: Mapping[str, Any] | None = None, *, train_size: int, eval_size: int,
-         split_seed: int) -> Source:
+         split_seed: int, answer: str = "tag") -> Source:
     """The task `spec` ('rg:NAME?k=v…') with `settings` (a recipe's block) under the query's own:
-    train_size train items (fewer when some equal held-out questions) and eval_size held-out items."""
+    train_size train items (fewer when some equal held-out questions) and eval_size held-out items;
+    `answer` the convention its prompts state and its strict score reads."""
     require()
     name, query = parse(spec)
     known = names()
@@ -197,23 +203,29 @@ def load(spec: str, settings: Mapping[str, Any] | None = None, *, train_size: in
     if not train:
         raise ConfigError(f"Task '{spec}': every generated train question is also a held-out one (the task's "
                           "space is too small); widen its settings or lower rg.eval_size.")
-    return Source(spec, name, merged, train + held, len(train), train_gen)
+    return Source(spec, name, merged, train + held, len(train), train_gen, answer)
 
 
-def prompt(question: str) -> str:
-    """The question and the answer convention, as the model reads it (before any chat template)."""
-    return f"{question.rstrip()}\n\n{INSTRUCTION}"
+def prompt(question: str, answer: str = "tag") -> str:
+    """The question and the answer convention `answer` ('tag', 'line'), as the model reads it (before
+    any chat template)."""
+    return f"{question.rstrip()}\n\n{INSTRUCTIONS[answer]}"
 
 
 def rows(source: Source, label: str) -> tuple[Rows, Rows]:
     """(train, held-out) rows: {prompt, answer, task, rg_id}."""
-    out = [{"prompt": prompt(e["question"]), "answer": str(e["answer"]), "task": label, "rg_id": i}
+    out = [{"prompt": prompt(e["question"], source.answer), "answer": str(e["answer"]), "task": label, "rg_id": i}
            for i, e in enumerate(source.items)]
     return out[:source.n_train], out[source.n_train:]
 
 
-def strict_answer(completion: str) -> str | None:
-    """The content of the last `<answer>…</answer>` pair, stripped (reasoning-gym's `extract_answer`)."""
+def strict_answer(completion: str, answer: str = "tag") -> str | None:
+    """The answer under convention `answer`: 'tag' the content of the last `<answer>…</answer>` pair,
+    stripped (reasoning-gym's `extract_answer`); 'line' the last non-empty line, stripped of
+    surrounding white space only. None: no answer."""
+    if answer == "line":
+        lines = [ln.strip() for ln in completion.splitlines() if ln.strip()]
+        return lines[-1] if lines else None
     from reasoning_gym.utils import extract_answer
 
     return extract_answer(completion)
@@ -244,7 +256,7 @@ def lenient_candidates(completion: str) -> list[str]:
 
 
 def strict_scores(source: Source, completions: Sequence[str], rg_id: Sequence[int]) -> list[float]:
-    return [source.score(strict_answer(c), i) for c, i in zip(completions, rg_id, strict=True)]
+    return [source.score(strict_answer(c, source.answer), i) for c, i in zip(completions, rg_id, strict=True)]
 
 
 def lenient_scores(source: Source, completions: Sequence[str], rg_id: Sequence[int]) -> list[float]:
