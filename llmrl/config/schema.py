@@ -276,9 +276,10 @@ class RGConfig:
                               "rg:NAME?max_animals=4, whose own settings win); `llmrl tasks rg:NAME` lists them")
     train_size: int = opt(1000, "questions generated for training (per mixture: shared by weight); a train question "
                           "equal to a held-out one is dropped", min=1, max=10**6)
-    eval_size: int = opt(500, "held-out questions generated, from seeds disjoint from the train ones: the held-out set "
-                         "is fixed by (task, its settings, this size, data.split_seed); a run scores its first eval.size",
-                         min=1, max=10**5)
+    eval_size: int | None = opt(None, "held-out questions generated, from seeds disjoint from the train ones (a train "
+                                "question equal to one of them is dropped); default: eval.size, the ones a run scores. "
+                                "Item i is the same whatever the size, so the held-out set is fixed by (task, its "
+                                "settings, data.split_seed) and a run scores its first eval.size", min=1, max=10**5)
     reward: str = opt("strict", "what trains: 'strict' reasoning-gym's score of the answer rg.answer reads; 'lenient' "
                       "the best score of the looser readings (tag, last line cleaned, last number); 'both' their mean (a "
                       "right answer outside the convention earns half); strict and lenient accuracy are reported either way",

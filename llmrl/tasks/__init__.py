@@ -102,7 +102,8 @@ def task_slug(task: str) -> str:
 
 def build_task(config: "Config") -> Task:
     """The task of `config.task` (with `rg.*` and `mix.tasks`): one task, or a mixture (mixture.py)."""
-    kw = dict(eval_size=config.rg.eval_size, split_seed=config.data.split_seed, reward=config.rg.reward,
+    eval_size = config.rg.eval_size or max(config.eval.size, 1)  # a larger pool only starves a small task's train set
+    kw = dict(eval_size=eval_size, split_seed=config.data.split_seed, reward=config.rg.reward,
               answer=config.rg.answer)
     parts = mixture.entries(config.task, config.mix.tasks, TASKS)
     if config.task != "mix" and len(parts) == 1:
