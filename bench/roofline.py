@@ -48,6 +48,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.rg_screen import cpu_name  # noqa: E402
 from llmrl import load_config  # noqa: E402
+from llmrl.config import precision  # noqa: E402
 from llmrl.run import one_step  # noqa: E402
 from llmrl.run.reporting import NullReporter  # noqa: E402
 from llmrl.run.session import setup  # noqa: E402
@@ -138,8 +139,7 @@ def peak_gflops(shapes: list[tuple[int, int, int]], dtype: torch.dtype, device: 
 def bf16_available(device: str) -> bool:
     if device == "cuda":
         return torch.cuda.is_bf16_supported()
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return "avx512_bf16" in text or "amx_bf16" in text
+    return bool({"avx512_bf16", "amx_bf16"} & precision.cpu_flags())
 
 
 def measure(recipe: str | None, dtype: str, steps: int, sets: list[str], check: bool) -> dict:
@@ -150,7 +150,7 @@ def measure(recipe: str | None, dtype: str, steps: int, sets: list[str], check: 
     s = setup(config, NullReporter(), overwrite=True)
     lm = s.stack.lm
     meter = FlopMeter()
-    attach(meter, s.stack.peft if hasattr(s.stack, "peft") else lm, lm.get_output_embeddings())
+    attach(meter, s.stack.peft, lm.get_output_embeddings())
     if s.stack.value_head is not None:
         s.stack.value_head.register_forward_hook(meter.hook)
     plain = one_step.PhaseClock.__call__  # a context manager per phase; the bench only reads its label
@@ -172,8 +172,7 @@ def measure(recipe: str | None, dtype: str, steps: int, sets: list[str], check: 
     device = "cuda" if lm.device.type == "cuda" else "cpu"
     tdtype = lm.dtype
     shapes = [(tokens, hidden, hidden), (tokens, hidden, inter), (n_rows, hidden, vocab), (2048, 2048, 2048)]
-    weight_bytes = sum(p.numel() * p.element_size() for p in s.stack.peft.parameters()) if hasattr(s.stack, "peft") \
-        else sum(p.numel() * p.element_size() for p in lm.parameters())
+    weight_bytes = sum(p.numel() * p.element_size() for p in s.stack.peft.parameters())
     out = {"recipe": recipe or "(the built-in default)", "dtype": dtype, "model": config.model.name, "rows": n_rows,
            "max_new_tokens": r.max_new_tokens, "threads": torch.get_num_threads(), "steps": rows,
            "peak_gflops": peak_gflops(shapes, tdtype, device), "bandwidth_gbs": bandwidth_gbs(device),
