@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from tests.helpers import is_timing
@@ -66,7 +67,11 @@ def test_kill_9_then_resume_is_bit_identical(warm_tiny_dir: Path, tmp_path: Path
     assert s_full["reward_mean_last"] is not None and any(r["reward_mean"] > 0 for r in _metrics(full))
 
 
-def test_sigterm_saves_a_checkpoint_and_says_how_to_resume(warm_tiny_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_stop_signal_saves_a_checkpoint_and_says_how_to_resume(warm_tiny_dir: Path, tmp_path: Path,
+                                                                  sig: signal.Signals) -> None:
+    """SIGTERM (a scheduler, `kill`) and SIGHUP (the terminal or SSH session closed) finish the step,
+    checkpoint it and exit 130; SIGHUP's default would end the process with nothing saved."""
     out = tmp_path / "run"
     cmd = _cmd(warm_tiny_dir, out)
     cmd[cmd.index("checkpoint.every=2")] = "checkpoint.every=100"
@@ -76,9 +81,30 @@ def test_sigterm_saves_a_checkpoint_and_says_how_to_resume(warm_tiny_dir: Path, 
         if (out / "metrics.jsonl").exists() and len((out / "metrics.jsonl").read_text().splitlines()) >= 3:
             break
         time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
     assert "Continue with: llmrl train --resume" in err and "Traceback" not in err
     done = len((out / "metrics.jsonl").read_text().splitlines())
     assert (out / "checkpoints" / f"step-{done:06d}" / "trainable.safetensors").is_file()
+
+
+def test_a_reader_that_goes_away_does_not_end_the_run(warm_tiny_dir: Path, tmp_path: Path) -> None:
+    """stdout is a pipe whose reader leaves mid-run (`llmrl train | head`, a harness that captured the
+    output and was stopped): the run goes quiet and finishes with its whole folder. rich's default
+    answer to the BrokenPipeError, SystemExit(1) from the next print (here, step 2's completions), ended
+    such a run mid-way with no checkpoint and no error.log."""
+    out = tmp_path / "run"
+    cmd = _cmd(warm_tiny_dir, out, "--set", "log.completions_every=1")
+    cmd[cmd.index("checkpoint.every=2")] = "checkpoint.every=100"
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:  # the start-up table, then the run folder; no step has printed yet
+        if line.startswith("Run folder"):
+            break
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 8
+    assert (out / "summary.json").is_file() and (out / "adapters" / "actor" / "adapter_model.safetensors").is_file()

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 from ..compare import build_plan, compare as run_compare, parse_algos, parse_seeds
 from .compare_display import CompareDisplay, budget_line, differences_table, print_results
+from .console import RunConsole
 from .errors import friendly
 
 IMPORTED = time.time()
@@ -51,7 +51,7 @@ def compare(
     seed_list = parse_seeds(seeds)
     plan = build_plan(names, seed_list, out, steps=steps, recipe=recipe, sets=sets, match=match,
                       overrides={"model.name": model, "task": task})
-    console = Console()
+    console = RunConsole()
     if plan.differences():
         console.print(differences_table(plan))
     else:

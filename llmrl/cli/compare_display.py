@@ -15,6 +15,7 @@ from ..config import Config
 from ..run.evaluate import EvalResult
 from ..run.memory import RoleCost
 from ..run.folder import read_run
+from .console import RunConsole
 
 
 def differences_table(plan: Plan) -> Table:
@@ -40,7 +41,7 @@ class CompareDisplay:
     """One progress line per run (status, steps, reward so far, KL, accuracy) plus an overall line."""
 
     def __init__(self, plan: Plan, console: Console | None = None) -> None:
-        self.console = console or Console()
+        self.console = console or RunConsole()
         self.progress = Progress(
             TextColumn("[bold]{task.description:<18}"), TextColumn("{task.fields[status]:<10}"), BarColumn(),
             MofNCompleteColumn(), TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), console=self.console,

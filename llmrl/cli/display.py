@@ -15,6 +15,7 @@ from ..config.model_defaults import device_kind
 from ..config.precision import dtype_note
 from ..run.evaluate import EvalResult
 from ..run.memory import RoleCost
+from .console import RunConsole
 
 
 def _mib(n: int) -> str:
@@ -59,7 +60,7 @@ class RichReporter:
     interactive = True
 
     def __init__(self, console: Console | None = None) -> None:
-        self.console = console or Console()
+        self.console = console or RunConsole()
         self.progress: Progress | None = None
         self.task_id: Any = None
         self.accuracy: float | None = None
