@@ -255,6 +255,8 @@ def _llm_settings(config: Any, source: str, device: torch.device, dtype: torch.d
         settings["kv_cache_memory_bytes"] = vllm_memory.kv_cache_bytes(config, text_config, dtype, longest_prompt)
     if e.sync == "adapter":
         settings.update(enable_lora=True, max_lora_rank=lora_rank, max_loras=1)
+    if world_from_env()[1] > 1:  # torchrun / --nproc: an engine per process, in the run's process group
+        settings["distributed_executor_backend"] = "external_launcher"
     return settings
 
 
@@ -262,9 +264,6 @@ def preflight(config: Any) -> None:
     """Before the run loads anything: vLLM is installed, and the settings are ones it can honour."""
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError(MISSING)
-    if world_from_env()[1] > 1:
-        raise ConfigError("The vllm engine runs in one process for now; use it without torchrun/--nproc "
-                          "(data-parallel runs use rollout.engine=hf).")
     device = resolve_device(config.model.device)
     check_settings(config, device)
     _import_vllm()
