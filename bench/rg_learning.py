@@ -32,7 +32,7 @@ KEYS = ("eval_strict_accuracy_before", "eval_strict_accuracy_after", "eval_lenie
 
 def train_one(recipe: str, task: str, seed: int, out: Path) -> dict:
     """One whole `llmrl train` command; the summary's numbers, or the error's last line."""
-    cmd = ["llmrl", "train", "--recipe", recipe, "--task", f"rg:{task}", "--seed", str(seed), "--out", str(out),
+    cmd = [sys.executable, "-m", "llmrl", "train", "--recipe", recipe, "--task", f"rg:{task}", "--seed", str(seed), "--out", str(out),
            "--overwrite"]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
