@@ -6,11 +6,12 @@
 # Steps: install the carried wheels into $SITE (this repo's package versions) and TRL 1.12 into
 # bench/.trl-1.12; record the machine; build a random-weight model of $SHAPE on the GPU
 # (bench/gpu_model.py); run bench/gpu_check.sh when present (CUDA tests); run bench/vs_trl.py on
-# the GPU. Each stage has its own time limit so that a slow stage still leaves results.
+# the GPU, then bench/roofline.py (the step's phases against the device's measured peak). Each
+# stage has its own time limit so that a slow stage still leaves results.
 #
 # Knobs (environment): SHAPE (qwen2.5-1.5b), DEVICE (cuda), DTYPE (bfloat16), STEPS (4), REPS (2),
 # THREADS (4), ONLY (the contenders), VLLM_ONLY (the vLLM contenders, run when vLLM imports), INSTALL (1; 0 uses the current environment), CHECK (1),
-# BENCH_LIMIT (seconds for vs_trl, 420), OUT (a new temporary folder). On a CPU, for checking this
+# BENCH_LIMIT (seconds for vs_trl, 420), ROOFLINE_LIMIT (300), OUT (a new temporary folder). On a CPU, for checking this
 # script itself: INSTALL=0 CHECK=0 DEVICE=cpu SHAPE=tiny DTYPE=float32 bash bench/gpu_table.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -70,4 +71,11 @@ if [ -n "$VLLM_ONLY" ] && "$PY" -c "import vllm" 2>/dev/null; then
 elif [ -n "$VLLM_ONLY" ]; then
   say "no vLLM on this machine: the vLLM contenders ($VLLM_ONLY) were not run"
 fi
+# the roofline (issue 29): each phase of a GRPO step on this model as FLOP/s and % of the device's
+# measured peak matmul rate, generation also against the memory-bandwidth bound; float32 and bfloat16
+say "bench/roofline.py on $DEVICE: a GRPO step of $SHAPE, 8 prompts × 8 samples × 64 tokens"
+timeout "${ROOFLINE_LIMIT:-300}" "$PY" bench/roofline.py --steps 3 --dtypes float32,bfloat16 \
+  --set model.name="$MODEL" --set model.device="$DEVICE" --set algo=grpo --set task=chat_sum \
+  --set rollout.prompts_per_step=8 --set rollout.num_generations=8 --set rollout.max_new_tokens=64 \
+  --set threads="$THREADS" --out "$OUT/results-roofline-$DEVICE-$SHAPE.json" 2>&1 | tee -a "$LOG"
 say "done; results in $OUT"

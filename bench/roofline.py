@@ -2,14 +2,18 @@
 generation against the memory-bandwidth bound (issue 29).
 
     python bench/roofline.py [--recipe recipes/smollm2-135m-fast.yaml] [--steps 3] [--dtypes float32,bfloat16] \
-        [--set KEY=VALUE ...] [--out bench/results-roofline.json]
+        [--set KEY=VALUE ...] [--check] [--profile] [--out bench/results-roofline.json]
 
 Without --recipe it measures the built-in default (`llmrl train` with no arguments: tiny, PPO).
+With `--set rollout.engine=vllm` (run by `.venv-vllm/bin/python`) generation happens in vLLM, which no
+hook of ours sees: its FLOPs are counted from the shapes (`count_engine`).
 
 **The machine's limits**, measured here, in this process, with the run's threads:
-- peak matmul rate per dtype: torch.mm on the step's own shapes ((rows·T) × H @ H × H, @ H × I, a
-  decoding step's rows × H @ H × V) and on a 2048³ square; the best GFLOP/s of them is the peak
-  (bfloat16 only where the CPU reports avx512_bf16 or amx_bf16, or on CUDA);
+- peak matmul rate per dtype: torch.mm on the step's own shapes ((rows·T) × H @ H × H, @ H × I, and a
+  decoding step's rows × H @ H × H, @ H × I, @ H × V) and on a 2048³ square, best of 3 interleaved passes of 5 each;
+  the best GFLOP/s of them is the peak (bfloat16 only where the CPU reports avx512_bf16 or amx_bf16,
+  or on CUDA). On the 2-core VM the float32 peak (then best of 5) came out 121-161 GFLOP/s in three
+  processes a minute apart, so a % of peak carries that spread;
 - memory bandwidth: copying a 512 MiB float32 tensor (2 × 512 MiB moved), best of 5.
 
 **A real step's FLOPs**, counted from the model's shape: a forward hook on every nn.Linear (the
@@ -25,10 +29,11 @@ the step changes). Attention's QKᵀ and AV (4 · layers · H · context per tok
 token's linear FLOPs at 130 positions) and elementwise work are not counted, so FLOP/s is a slight
 underestimate; `--check` compares the hook count with torch.utils.flop_counter on one forward.
 
-**Per phase**, medians over the steps after the first (a warm-up): seconds (the metrics row's
-`time_<phase>_s`), GFLOP, GFLOP/s, % of the dtype's peak, and for generation the bandwidth bound:
+**Per phase**, over the steps after the first (a warm-up): seconds and GFLOP per step (the metrics
+row's `time_<phase>_s`; GFLOP/s = their totals' ratio), % of the dtype's peak, and for generation the bandwidth bound:
 decoding steps × bytes of every weight the step reads (base + LoRA + head) / bandwidth, against the
-phase's seconds.
+phase's seconds; and against the best rate its own decoding-step shapes reach alone (rows × H by
+H × H, H × I, H × V): a skinny product of 64 rows does not reach a square one's rate on a CPU.
 """
 
 from __future__ import annotations
@@ -83,10 +88,54 @@ class FlopMeter:
     def clock(self, original, clock_self, phase: str) -> Iterator[None]:
         self.phase = phase
         try:
-            with original(clock_self, phase):
+            with original(clock_self, phase), torch.profiler.record_function(f"phase:{phase}"):
                 yield
         finally:
             self.phase = None
+
+
+def op_shares(prof: torch.profiler.profile, top: int = 8) -> dict[str, list[dict]]:
+    """Per phase of a profiled step: the ops that took most of its CPU time (self time of every op under
+    the phase's `phase:<name>` range, so nothing is counted twice), as ms and share of the phase."""
+    shares: dict[str, list[dict]] = {}
+    for event in prof.events():
+        if not event.name.startswith("phase:"):
+            continue
+        acc: dict[str, float] = {}
+        stack = list(event.cpu_children)
+        while stack:
+            child = stack.pop()
+            stack.extend(child.cpu_children)
+            acc[child.name] = acc.get(child.name, 0.0) + child.self_cpu_time_total
+        total = event.cpu_time_total or 1.0
+        ranked = sorted(acc.items(), key=lambda kv: -kv[1])[:top]
+        shares[event.name[6:]] = [{"op": k, "ms": round(v / 1e3, 1), "share": round(v / total, 3)} for k, v in ranked]
+    return shares
+
+
+def count_engine(meter: FlopMeter, engine, lm: torch.nn.Module, prefix_caching: bool) -> None:
+    """An engine with its own weights (vLLM) runs no module of ours, so no hook sees its generation:
+    count it from the shapes instead, 2 · P_lin FLOPs per processed token, where P_lin = Σ in·out over
+    the base's linear layers and the LM head (the merged weights the engine holds), and the processed
+    tokens are every generated token plus the prompts' prefill (each distinct prompt once when the
+    G samples share it through the prefix cache, else G times); the decoding steps are the longest
+    response's length."""
+    if not getattr(engine, "own_weights", False):
+        return
+    p_lin = sum(m.in_features * m.out_features for name, m in lm.named_modules()
+                if isinstance(m, torch.nn.Linear) and "lora_" not in name)
+    plain = engine.generate
+
+    def generate(request):
+        gen = plain(request)
+        if meter.phase == "generate":
+            prefill = int(request.prompt_mask.sum()) * (1 if prefix_caching else request.num_samples)
+            tokens = prefill + int(gen.response_mask.sum())
+            meter.flops["generate"] = meter.flops.get("generate", 0.0) + 2.0 * p_lin * tokens
+            meter.decode_steps += gen.response_ids.shape[1]
+        return gen
+
+    engine.generate = generate
 
 
 def attach(meter: FlopMeter, model: torch.nn.Module, head: torch.nn.Module) -> None:
@@ -130,8 +179,14 @@ def bandwidth_gbs(device: str, mib: int = 512, reps: int = 5) -> float:
     return 2 * src.numel() * 4 / best / 1e9
 
 
-def peak_gflops(shapes: list[tuple[int, int, int]], dtype: torch.dtype, device: str) -> dict[str, float]:
-    rates = {f"{m}x{k}x{n}": timed_mm(m, k, n, dtype, device) for m, k, n in shapes}
+def peak_gflops(shapes: list[tuple[int, int, int]], dtype: torch.dtype, device: str, rounds: int = 3) -> dict[str, float]:
+    """Best GFLOP/s per shape over `rounds` passes over all the shapes (each pass `timed_mm`'s best of 5),
+    interleaved so that a slow patch of a shared VM costs one pass, not one shape; the peak is the best."""
+    rates: dict[str, float] = {}
+    for _ in range(rounds):
+        for m, k, n in shapes:
+            key = f"{m}x{k}x{n}"
+            rates[key] = max(rates.get(key, 0.0), timed_mm(m, k, n, dtype, device))
     rates["peak"] = max(rates.values())
     return rates
 
@@ -142,7 +197,7 @@ def bf16_available(device: str) -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & precision.cpu_flags())
 
 
-def measure(recipe: str | None, dtype: str, steps: int, sets: list[str], check: bool) -> dict:
+def measure(recipe: str | None, dtype: str, steps: int, sets: list[str], check: bool, profile: bool = False) -> dict:
     """One configuration: its steps' phase seconds and FLOPs, and the machine's peak on its shapes."""
     overrides = {"out": tempfile.mkdtemp(prefix="roofline-"), "model.dtype": dtype, "eval.size": 0,
                  "checkpoint.every": 0, "log.completions_every": 0}
@@ -153,12 +208,18 @@ def measure(recipe: str | None, dtype: str, steps: int, sets: list[str], check: 
     attach(meter, s.stack.peft, lm.get_output_embeddings())
     if s.stack.value_head is not None:
         s.stack.value_head.register_forward_hook(meter.hook)
+    count_engine(meter, s.engine, lm, config.engine.prefix_caching)
     plain = one_step.PhaseClock.__call__  # a context manager per phase; the bench only reads its label
     one_step.PhaseClock.__call__ = lambda clock_self, phase: meter.clock(plain, clock_self, phase)
-    rows = []
+    rows, profiled = [], None
     try:
         for step in range(steps):
             meter.flops, meter.decode_steps = {}, 0
+            if profile and step == steps - 1:  # the last step under the profiler: its ops, not its seconds
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                    one_step.train_step(s, step)
+                profiled = op_shares(prof)
+                break
             row = one_step.train_step(s, step)
             rows.append({"seconds": {p: row[f"time_{p}_s"] for p in PHASES}, "gflop": {p: meter.flops.get(p, 0.0) / 1e9 for p in PHASES},
                          "decode_steps": meter.decode_steps, "step_s": row["step_time_s"]})
@@ -171,12 +232,16 @@ def measure(recipe: str | None, dtype: str, steps: int, sets: list[str], check: 
     tokens = n_rows * (r.max_new_tokens + 32)
     device = "cuda" if lm.device.type == "cuda" else "cpu"
     tdtype = lm.dtype
-    shapes = [(tokens, hidden, hidden), (tokens, hidden, inter), (n_rows, hidden, vocab), (2048, 2048, 2048)]
+    decode = [(n_rows, hidden, hidden), (n_rows, hidden, inter), (n_rows, hidden, vocab)]  # one decoding step's
+    shapes = [(tokens, hidden, hidden), (tokens, hidden, inter), *decode, (2048, 2048, 2048)]
     weight_bytes = sum(p.numel() * p.element_size() for p in s.stack.peft.parameters())
     out = {"recipe": recipe or "(the built-in default)", "dtype": dtype, "model": config.model.name, "rows": n_rows,
+           "engine": config.rollout.engine,
            "max_new_tokens": r.max_new_tokens, "threads": torch.get_num_threads(), "steps": rows,
            "peak_gflops": peak_gflops(shapes, tdtype, device), "bandwidth_gbs": bandwidth_gbs(device),
-           "weight_bytes": weight_bytes}
+           "weight_bytes": weight_bytes, "decode_shapes": [f"{m}x{k}x{n}" for m, k, n in decode]}
+    if profiled is not None:
+        out["profile"] = profiled
     if check:
         out["check"] = flop_check(s, meter)
     return out
@@ -195,19 +260,25 @@ def flop_check(s, meter: FlopMeter) -> dict:
 
 
 def summarise(m: dict) -> list[dict]:
-    """Per phase: median s, GFLOP, GFLOP/s, % of peak; generation's bandwidth bound."""
+    """Per phase, over the steps after the first: total GFLOP / total seconds (a step's rows vary with
+    the groups `rollout.filter_groups` drops, so per-step medians of each would not pair up), the mean
+    seconds and GFLOP per step, % of peak; for generation also the bandwidth bound and the rate of its
+    own decoding-step shapes."""
     counted = m["steps"][1:] or m["steps"]
-    peak, bw = m["peak_gflops"]["peak"], m["bandwidth_gbs"]
+    peak, bw, n = m["peak_gflops"]["peak"], m["bandwidth_gbs"], len(counted)
     table = []
     for p in PHASES:
-        sec = statistics.median(r["seconds"][p] for r in counted)
-        gf = statistics.median(r["gflop"][p] for r in counted)
-        row = {"phase": p, "seconds": round(sec, 3), "gflop": round(gf, 2), "gflops": round(gf / sec, 1) if sec else None,
-               "pct_peak": round(100 * gf / sec / peak, 1) if sec else None}
-        if p == "generate":
-            steps = statistics.median(r["decode_steps"] for r in counted)
+        sec = sum(r["seconds"][p] for r in counted)
+        gf = sum(r["gflop"][p] for r in counted)
+        rate = gf / sec if sec > 1e-3 else None
+        row = {"phase": p, "seconds": round(sec / n, 3), "gflop": round(gf / n, 2),
+               "gflops": round(rate, 1) if rate else None, "pct_peak": round(100 * rate / peak, 1) if rate else None}
+        if p == "generate" and rate:
+            steps = sum(r["decode_steps"] for r in counted)
             bound = steps * m["weight_bytes"] / (bw * 1e9)
-            row.update(decode_steps=steps, bandwidth_bound_s=round(bound, 3), pct_bandwidth=round(100 * bound / sec, 1) if sec else None)
+            alone = max(m["peak_gflops"][k] for k in m["decode_shapes"])  # its matmuls alone, at its width
+            row.update(decode_steps=steps / n, bandwidth_bound_s=round(bound / n, 3), pct_bandwidth=round(100 * bound / sec, 1),
+                       decode_shape_gflops=round(alone, 1), pct_decode_shapes=round(100 * rate / alone, 1))
         table.append(row)
     return table
 
@@ -219,6 +290,8 @@ def main() -> None:
     ap.add_argument("--dtypes", default="float32,bfloat16", help="bfloat16 is skipped where the hardware has none")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--check", action="store_true", help="compare the FLOP count with torch.utils.flop_counter once")
+    ap.add_argument("--profile", action="store_true",
+                    help="one more step under torch.profiler: the ops that take each phase's time (not timed)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     results = {"cpu": cpu_name(), "torch": torch.__version__, "runs": []}
@@ -227,16 +300,19 @@ def main() -> None:
         if dtype == "bfloat16" and not bf16_available(device):
             print("bfloat16: this hardware has none; skipped")
             continue
-        m = measure(a.recipe, dtype, a.steps, a.set, a.check)
+        m = measure(a.recipe, dtype, a.steps + a.profile, a.set, a.check, a.profile)
         m["table"] = summarise(m)
         results["runs"].append(m)
-        print(f"\n{m['recipe']} · {m['model']} · {dtype} · {m['rows']} rows · peak {m['peak_gflops']['peak']:.0f} GFLOP/s · "
+        print(f"\n{m['recipe']} · {m['model']} · {m['engine']} engine · {dtype} · {m['rows']} rows · peak {m['peak_gflops']['peak']:.0f} GFLOP/s · "
               f"bandwidth {m['bandwidth_gbs']:.1f} GB/s" + (f" · check {m['check']}" if "check" in m else ""))
         for row in m["table"]:
-            extra = (f"  bandwidth bound {row['bandwidth_bound_s']} s = {row['pct_bandwidth']} % of the phase"
+            extra = (f"  bandwidth bound {row['bandwidth_bound_s']} s = {row['pct_bandwidth']} % of the phase; "
+                     f"{row['pct_decode_shapes']} % of its own matmul shapes alone ({row['decode_shape_gflops']} GFLOP/s)"
                      if "bandwidth_bound_s" in row else "")
             print(f"  {row['phase']:<9} {row['seconds']:>8} s {row['gflop']:>9} GFLOP {row['gflops']} GFLOP/s "
                   f"{row['pct_peak']} % of peak{extra}")
+        for phase, ops in m.get("profile", {}).items():
+            print(f"  profile {phase}: " + ", ".join(f"{o['op']} {100 * o['share']:.0f} %" for o in ops[:5]))
         if a.out:
             Path(a.out).write_text(json.dumps(results, indent=1) + "\n")
 

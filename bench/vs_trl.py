@@ -31,7 +31,8 @@ llmrl's own generate, one no-grad forward, one LoRA forward + backward). TRL is 
 vLLM contenders (issue 15; run when named in --only, with an interpreter that has vLLM and TRL, e.g.
 `.venv-vllm/bin/pip install trl` then `.venv-vllm/bin/python bench/vs_trl.py --only ...`):
 llmrl-vllm (llmrl-grpo-fast with `--engine vllm`, the engine in --dtype, merged-weight sync),
-llmrl-vllm-bf16 (the same with engine.dtype=bfloat16 under a --dtype trainer), trl-grpo-vllm (TRL's
+llmrl-vllm-adapter (the same with engine.sync=adapter: the LoRA adapter served by vLLM on
+its unmerged base), llmrl-vllm-bf16 (the same with engine.dtype=bfloat16 under a --dtype trainer), trl-grpo-vllm (TRL's
 GRPOTrainer with use_vllm=True, vllm_mode="colocate"), vllm-generate (plain vLLM `LLM.generate` of
 the same batch: what the llmrl engine's generate phase is compared with, tokens/s).
 """
@@ -56,15 +57,16 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 ISSUE_PPO = {"s_per_step": 10.63, "peak_rss_mib": 5.3 * 1024}
 CONTENDERS = ["llmrl-grpo-defaults", "llmrl-grpo", "llmrl-grpo-fast", "trl-grpo", "llmrl-rloo-fast", "trl-rloo",
               "llmrl-ppo", "trl-ppo", "bound"]
-OPTIONAL = ["llmrl-ppo-top4", "llmrl-vllm", "llmrl-vllm-bf16", "trl-grpo-vllm", "vllm-generate"]  # only when named in --only
-VLLM = ["llmrl-vllm", "llmrl-vllm-bf16", "trl-grpo-vllm", "vllm-generate"]  # need vLLM (the .venv-vllm interpreter)
+OPTIONAL = ["llmrl-ppo-top4", "llmrl-vllm", "llmrl-vllm-adapter", "llmrl-vllm-bf16", "trl-grpo-vllm", "vllm-generate"]  # only when named in --only
+VLLM = ["llmrl-vllm", "llmrl-vllm-adapter", "llmrl-vllm-bf16", "trl-grpo-vllm", "vllm-generate"]  # need vLLM (the .venv-vllm interpreter)
 # llmrl contender → (algorithm, update.on_policy_logprobs); None leaves the key at the engine's default
 LLMRL = {"llmrl-grpo-defaults": ("grpo", None), "llmrl-grpo": ("grpo", False), "llmrl-grpo-fast": ("grpo", True),
          "llmrl-rloo-fast": ("rloo", True), "llmrl-ppo": ("ppo", False), "llmrl-ppo-top4": ("ppo", False),
-         "llmrl-vllm": ("grpo", True), "llmrl-vllm-bf16": ("grpo", True)}
+         "llmrl-vllm": ("grpo", True), "llmrl-vllm-adapter": ("grpo", True), "llmrl-vllm-bf16": ("grpo", True)}
 # llmrl contender → config keys it sets on top of the issue-8 configuration
 EXTRA = {"llmrl-ppo-top4": {"lora.critic_layers": 4},  # the opt-in critic on the top 4 layers
          "llmrl-vllm": {"rollout.engine": "vllm"},  # the engine in the model's dtype, merged-weight sync
+         "llmrl-vllm-adapter": {"rollout.engine": "vllm", "engine.sync": "adapter"},  # one base: the adapter served
          "llmrl-vllm-bf16": {"rollout.engine": "vllm", "engine.dtype": "bfloat16"}}  # bf16 sampler, --dtype trainer
 LABELS = {"llmrl-grpo-defaults": "llmrl grpo (defaults)", "llmrl-grpo": "llmrl grpo, on_policy_logprobs=false",
           "llmrl-grpo-fast": "llmrl grpo, on_policy_logprobs=true", "trl-grpo": "TRL GRPOTrainer",
@@ -72,6 +74,7 @@ LABELS = {"llmrl-grpo-defaults": "llmrl grpo (defaults)", "llmrl-grpo": "llmrl g
           "llmrl-ppo": "llmrl ppo (actor+critic+ref)", "llmrl-ppo-top4": "llmrl ppo, lora.critic_layers=4",
           "trl-ppo": "TRL 1.12 PPOTrainer (bench/trl_ppo.py)",
           "bound": "floor pieces", "llmrl-vllm": "llmrl grpo, --engine vllm (merged sync)",
+          "llmrl-vllm-adapter": "llmrl grpo, --engine vllm, engine.sync=adapter",
           "llmrl-vllm-bf16": "llmrl grpo, vllm engine in bfloat16", "trl-grpo-vllm": "TRL GRPOTrainer, use_vllm colocate",
           "vllm-generate": "plain vLLM LLM.generate"}
 DTYPES = ("float32", "bfloat16")
@@ -542,9 +545,12 @@ def ratios(table: dict[str, Any]) -> dict[str, Any]:
         out["llmrl-ppo/issue-trl-ppo"] = {k: table["llmrl-ppo"][k] / v for k, v in ISSUE_PPO.items()}
     trl_best = min((table[n] for n in ("trl-grpo", "trl-grpo-vllm") if n in table), key=lambda r: r["s_per_step"],
                    default=None)
-    for ours in ("llmrl-vllm", "llmrl-vllm-bf16", "llmrl-grpo-fast"):
+    for ours in ("llmrl-vllm", "llmrl-vllm-adapter", "llmrl-vllm-bf16", "llmrl-grpo-fast"):
         if ours in table and trl_best is not None:
             out[f"{ours}/fastest TRL ({trl_best['label']})"] = pair_ratios(table[ours], trl_best)
+    for ours in ("llmrl-vllm", "llmrl-vllm-adapter", "llmrl-vllm-bf16"):  # issue 29: the engine's memory
+        if ours in table and "llmrl-grpo-fast" in table:
+            out[f"{ours}/llmrl-grpo-fast"] = pair_ratios(table[ours], table["llmrl-grpo-fast"])
     if "vllm-generate" in table:
         rate = table["vllm-generate"]["gen_tokens_per_s"]
         out["vllm-generate"] = {"llmrl engine/plain LLM.generate tokens_per_s": rate["llmrl_vllm_engine"] / rate["vllm_generate"]}

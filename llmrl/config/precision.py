@@ -4,8 +4,10 @@
     CUDA GPU with bfloat16 (Ampere or later) bfloat16    tensor cores run bf16 matmuls several times float32's rate
     CUDA GPU without bfloat16               float32
     CPU that reports amx_bf16 (Intel AMX)   bfloat16     AMX tiles: bf16 matmuls at several times float32's rate
-    any other CPU (avx512_bf16 or not)      float32      measured 0.5–0.8× float32's matmul rate on a 2-core AMD EPYC
-                                                         with avx512_bf16 and the update 15× slower (docs/real-models.md)
+    any other CPU (avx512_bf16 or not)      float32      no faster end to end: on 2-core AMD EPYC VMs with avx512_bf16,
+                                                         bf16 matmuls ran 0.5–0.8× float32's on one (the update 15×
+                                                         slower) and 2.3× on another, whose whole SmolLM2 step still
+                                                         took as long as float32's (docs/real-models.md, performance.md)
 
 The decision reads what the hardware reports (`/proc/cpuinfo` flags, torch.cuda.is_bf16_supported),
 never a benchmark, so it is the same on every start of a machine; load_config writes the chosen
@@ -47,7 +49,7 @@ def fastest_dtype(kind: str, flags: set[str] | None = None, cuda_bf16: bool | No
     if "amx_bf16" in flags:
         return "bfloat16", "the CPU has AMX (amx_bf16)"
     has = "avx512_bf16 but " if "avx512_bf16" in flags else ""
-    return "float32", f"the CPU has {has}no AMX, where bfloat16 is slower than float32"
+    return "float32", f"the CPU has {has}no AMX, where bfloat16 is no faster than float32"
 
 
 def dtype_note(dtype: str, kind: str, flags: set[str] | None = None, cuda_bf16: bool | None = None) -> str:

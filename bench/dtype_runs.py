@@ -1,0 +1,76 @@
+"""Does a run in bfloat16 learn what it learns in float32, and is it faster end to end? (issue 29)
+
+    python bench/dtype_runs.py --recipe recipes/smollm2-135m-fast.yaml --seeds 0,1,2 \
+        --dtypes float32,bfloat16 --root /tmp/dtype-runs --out bench/results-dtype-runs.json
+
+Each run is a whole `llmrl train --recipe R --seed S --set model.dtype=D` command in a fresh process,
+one at a time, the dtypes alternated within each seed (f32, bf16, f32, bf16, ...) so that a slow patch
+of a shared VM hits both. Recorded per run, from its summary.json: held-out accuracy before and after
+(greedy; strict where the task has it), mean seconds per step, the whole command's seconds, peak RSS.
+The output is rewritten after every run; a run already in it is not repeated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rg_screen import cpu_name  # noqa: E402
+
+KEYS = ("eval_accuracy_before", "eval_accuracy_after", "step_time_s_mean", "peak_rss_mib", "steps")
+
+
+def one_run(recipe: str | None, seed: int, dtype: str, out: Path) -> dict:
+    """One whole `llmrl train` command (the built-in default when `recipe` is None); its summary's numbers."""
+    cmd = [sys.executable, "-m", "llmrl", "train", *(["--recipe", recipe] if recipe else []), "--seed", str(seed),
+           "--set", f"model.dtype={dtype}", "--out", str(out), "--overwrite"]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    row: dict = {"seed": seed, "dtype": dtype, "command_s": round(time.perf_counter() - start, 1)}
+    summary = out / "summary.json"
+    if proc.returncode != 0 or not summary.exists():
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        row["error"] = lines[-1] if lines else f"exit {proc.returncode}"
+        return row
+    data = json.loads(summary.read_text())
+    row.update({k: data.get(k) for k in KEYS})
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--recipe", default=None, help="a recipe; none: the built-in default")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--root", default="/tmp/dtype-runs")
+    ap.add_argument("--out", default="bench/results-dtype-runs.json")
+    a = ap.parse_args()
+    out = Path(a.out)
+    result = json.loads(out.read_text()) if out.exists() else {}
+    result.update(recipe=a.recipe or "(the built-in default)", cpu=cpu_name())
+    done = {(r["seed"], r["dtype"]): r for r in result.get("runs", [])}
+    for seed in (int(s) for s in a.seeds.split(",")):
+        for dtype in a.dtypes.split(","):
+            if (seed, dtype) in done:
+                continue
+            row = one_run(a.recipe, seed, dtype, Path(a.root) / f"{dtype}-s{seed}")
+            done[(seed, dtype)] = row
+            result["runs"] = list(done.values())
+            out.write_text(json.dumps(result, indent=1) + "\n")
+            print(f"seed {seed} {dtype}: accuracy {row.get('eval_accuracy_before')} → {row.get('eval_accuracy_after')}, "
+                  f"{row.get('step_time_s_mean')} s/step, {row['command_s']} s {row.get('error', '')}", flush=True)
+    by = {d: [r for r in done.values() if r["dtype"] == d and "error" not in r] for d in a.dtypes.split(",")}
+    result["means"] = {d: {"accuracy_after": statistics.mean(r["eval_accuracy_after"] for r in rows),
+                           "command_s": statistics.mean(r["command_s"] for r in rows)} for d, rows in by.items() if rows}
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result["means"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""What the vLLM engine's second copy costs in host memory, stage by stage (issue 29).
+
+    .venv-vllm/bin/python bench/vllm_rss.py --model ~/.cache/llmrl/gguf/SmolLM2-135M-Instruct.Q4_1-<hash> \
+        [--rows 8] [--new-tokens 32] [--out bench/results-vllm-rss.json]
+
+One process, on the CPU, the way llmrl's engine builds vLLM (in-process engine core, float32, eager,
+the KV cache sized as llmrl sizes it for `--rows` rows of ≤ 128 tokens, llmrl/engines/vllm_memory.py):
+VmRSS after importing torch + transformers, after `import vllm`, after building `vllm.LLM`, and VmHWM
+(the peak) after generating `--rows` rows of `--new-tokens` tokens; the end's RSS split into private
+memory (RssAnon) and mapped files (RssFile: the safetensors file vLLM read its weights from, the
+libraries); the model's own weight bytes for comparison; and the CPU affinity and torch threads the process has once vLLM is built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def _status(key: str) -> int:
+    """VmRSS or VmHWM of this process, bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--rows", type=int, default=8)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    mib = lambda b: round(b / 2**20, 1)  # noqa: E731
+    import torch
+    import transformers  # noqa: F401
+
+    stages = {"torch + transformers": mib(_status("VmRSS"))}
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    import vllm
+
+    stages["+ import vllm"] = mib(_status("VmRSS"))
+    config = transformers.AutoConfig.from_pretrained(a.model).get_text_config()
+    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head * 4
+    kv = int(1.25 * a.rows * 128 * per_token)  # llmrl's sizing for rows of <= 128 tokens (vllm_memory.py)
+    llm = vllm.LLM(model=a.model, dtype="float32", enforce_eager=True, kv_cache_memory_bytes=kv, max_model_len=128,
+                   enable_prefix_caching=True, seed=0)
+    stages["+ vllm.LLM built"] = mib(_status("VmRSS"))
+    params = vllm.SamplingParams(max_tokens=a.new_tokens, temperature=1.0, seed=1, ignore_eos=True)
+    llm.generate(["What is 2+3?"] * a.rows, params, use_tqdm=False)
+    stages["+ one generation (VmRSS)"] = mib(_status("VmRSS"))
+    stages["peak (VmHWM)"] = mib(_status("VmHWM"))
+    split = {k: mib(_status(k)) for k in ("RssAnon", "RssFile", "RssShmem")}  # private memory / mapped files
+    weights = sum(p.numel() * p.element_size() for p in
+                  transformers.AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).parameters())
+    out = {"model": a.model, "rows": a.rows, "new_tokens": a.new_tokens, "stages_mib": stages, "rss_split_mib": split,
+           "kv_cache_mib": mib(kv), "model_weights_mib": mib(weights), "affinity": sorted(os.sched_getaffinity(0)),
+           "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count()}
+    print(json.dumps(out, indent=1))
+    if a.out:
+        Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+    sys.stdout.flush()
+    os._exit(0)  # vLLM's engine core shutdown can hang at interpreter exit
+
+
+if __name__ == "__main__":
+    main()
