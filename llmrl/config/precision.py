@@ -4,10 +4,12 @@
     CUDA GPU with bfloat16 (Ampere or later) bfloat16    tensor cores run bf16 matmuls several times float32's rate
     CUDA GPU without bfloat16               float32
     CPU that reports amx_bf16 (Intel AMX)   bfloat16     AMX tiles: bf16 matmuls at several times float32's rate
-    any other CPU (avx512_bf16 or not)      float32      no faster end to end: on 2-core AMD EPYC VMs with avx512_bf16,
-                                                         bf16 matmuls ran 0.5–0.8× float32's on one (the update 15×
-                                                         slower) and 2.3× on another, whose whole SmolLM2 step still
-                                                         took as long as float32's (docs/real-models.md, performance.md)
+    CPU with avx512_bf16, no AMX            float32      not reliably faster: on one 2-core AMD EPYC VM bf16 matmuls ran
+                                                         0.5–0.8× float32's (the update 15× slower); on another the
+                                                         SmolLM2 step ran 1.30× faster in bf16 but the tiny model's not
+                                                         (docs/real-models.md, performance.md). Deciding needs a
+                                                         microbenchmark on the model's own shapes: not built yet
+    CPU without either                      float32      bf16 is emulated
 
 The decision reads what the hardware reports (`/proc/cpuinfo` flags, torch.cuda.is_bf16_supported),
 never a benchmark, so it is the same on every start of a machine; load_config writes the chosen
@@ -48,8 +50,9 @@ def fastest_dtype(kind: str, flags: set[str] | None = None, cuda_bf16: bool | No
     flags = cpu_flags() if flags is None else flags
     if "amx_bf16" in flags:
         return "bfloat16", "the CPU has AMX (amx_bf16)"
-    has = "avx512_bf16 but " if "avx512_bf16" in flags else ""
-    return "float32", f"the CPU has {has}no AMX, where bfloat16 is no faster than float32"
+    if "avx512_bf16" in flags:  # measured both ways on such CPUs (docs/performance.md): float32 is the safe side
+        return "float32", "the CPU has avx512_bf16 but no AMX, where bfloat16 is faster for some models, slower for others"
+    return "float32", "the CPU has no bfloat16 instructions (no AMX, no avx512_bf16)"
 
 
 def dtype_note(dtype: str, kind: str, flags: set[str] | None = None, cuda_bf16: bool | None = None) -> str:
