@@ -108,3 +108,42 @@ def test_bad_environment_settings_are_one_sentence(tiny_model_dir: Path, tmp_pat
                                                    message: str) -> None:
     cli_refused(["train", "--model", str(tiny_model_dir), "--steps", "1", "--out", str(tmp_path / "run"),
                  *CLI_SMALL, *extra], message)
+
+
+def test_the_guessing_game_answers_higher_or_lower_and_ends_on_the_secret() -> None:
+    from llmrl.envs.guess import Guess, guessed
+
+    game = resolve_env("guess", timeout_s=5.0).make()
+    assert isinstance(game, Guess) and game.tools() is None
+    row = {"prompt": "Guess my number (20 to 29).", "answer": "23", "low": 20, "high": 29}
+    assert game.reset(row, 0) == [{"role": "user", "content": "Guess my number (20 to 29)."}]
+    assert game.step("25", []) == EnvStep([{"role": "user", "content": "Lower."}])
+    assert game.step("I guess 21, or 22", []) == EnvStep([{"role": "user", "content": "Higher."}])  # the first number
+    assert game.step("no idea", []) == EnvStep([{"role": "user", "content": "Reply with one number from 20 to 29."}])
+    assert game.step("23!", []) == EnvStep(done=True)  # the environment gives no reward: the task's reward does
+    assert guessed([""] * 4, ["23", "It is 23.", "22 or 23", "none"], ["23"] * 4) == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_every_game_is_won_by_halving_within_the_default_four_turns() -> None:
+    """The task is solvable as posed: binary search over [low, high] with the environment's answers
+    wins every one of the 900 games in ≤ 4 guesses (rollout.max_turns' default)."""
+    from llmrl.tasks import TASKS
+
+    task = TASKS["guess"]()
+    assert task.env == "guess" and (len(task.train), len(task.eval)) == (700, 200)
+    key = lambda r: (r["low"], r["answer"])  # noqa: E731
+    assert not {key(r) for r in task.train} & {key(r) for r in task.eval}  # disjoint games
+    assert task.eval == TASKS["guess"]().eval  # fixed, whatever the run's seed
+    turns = []
+    for row in task.train + task.eval:
+        assert row["low"] <= int(row["answer"]) <= row["high"] == row["low"] + 9
+        game, low, high = resolve_env("guess").make(), row["low"], row["high"]
+        game.reset(row, 0)
+        for turn in range(1, 11):
+            guess = (low + high) // 2
+            out = game.step(str(guess), [])
+            if out.done:
+                break
+            low, high = (guess + 1, high) if out.messages[0]["content"] == "Higher." else (low, guess - 1)
+        turns.append(turn)
+    assert max(turns) == 4 and min(turns) == 1

@@ -20,7 +20,8 @@ from ..errors import ConfigError
 from ..models.load import register_builtin_model
 from ..models.tiny import ensure_tiny
 from ..rewards.builtin import first_number, numeric
-from . import arithmetic, calc, chat_sum, mixture, rg
+from ..envs.guess import guessed
+from . import arithmetic, calc, chat_sum, guess, mixture, rg
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -65,7 +66,13 @@ def _calc() -> Task:
     return Task("calc", train, held_out, arithmetic.exact_match, env=calc.ENV)
 
 
-TASKS: dict[str, Callable[[], Task]] = {"arithmetic": _arithmetic, "chat_sum": _chat_sum, "calc": _calc}
+def _guess() -> Task:
+    train, held_out = guess.splits()
+    return Task("guess", train, held_out, guessed, env=guess.ENV)
+
+
+TASKS: dict[str, Callable[[], Task]] = {"arithmetic": _arithmetic, "chat_sum": _chat_sum, "calc": _calc,
+                                        "guess": _guess}
 
 
 def tiny_corpus() -> list[tuple[str, str]]:
