@@ -81,7 +81,7 @@ def test_environments_resolve_by_name_module_or_file(tmp_path: Path) -> None:
                     "    def step(self, text, calls):\n        return None\nclass NoStep:\n    def reset(self, row, seed):\n"
                     "        return []\n")
     assert resolve_env(f"{path}:Guess").make().reset({}, 0)[0]["content"] == "go"
-    for name, message in [("nope", r"is not a built-in \(calculator\)"), (f"{path}:Missing", "has no class 'Missing'"),
+    for name, message in [("nope", r"is not a built-in \(calculator, guess\)"), (f"{path}:Missing", "has no class 'Missing'"),
                           (f"{path}:NoStep", "has no step method"), ("/no/such.py:Env", "Environment file"),
                           ("no_such_module_xyz:Env", "Cannot import environment module")]:
         with pytest.raises(ConfigError, match=message):
