@@ -15,12 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rg_learning import whole_command  # noqa: E402
 from rg_screen import cpu_name  # noqa: E402
 
 KEYS = ("eval_accuracy_before", "eval_accuracy_after", "step_time_s_mean", "peak_rss_mib", "steps")
@@ -28,19 +27,8 @@ KEYS = ("eval_accuracy_before", "eval_accuracy_after", "step_time_s_mean", "peak
 
 def one_run(recipe: str | None, seed: int, dtype: str, out: Path) -> dict:
     """One whole `llmrl train` command (the built-in default when `recipe` is None); its summary's numbers."""
-    cmd = [sys.executable, "-m", "llmrl", "train", *(["--recipe", recipe] if recipe else []), "--seed", str(seed),
-           "--set", f"model.dtype={dtype}", "--out", str(out), "--overwrite"]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    row: dict = {"seed": seed, "dtype": dtype, "command_s": round(time.perf_counter() - start, 1)}
-    summary = out / "summary.json"
-    if proc.returncode != 0 or not summary.exists():
-        lines = (proc.stderr or proc.stdout).strip().splitlines()
-        row["error"] = lines[-1] if lines else f"exit {proc.returncode}"
-        return row
-    data = json.loads(summary.read_text())
-    row.update({k: data.get(k) for k in KEYS})
-    return row
+    args = [*(["--recipe", recipe] if recipe else []), "--seed", str(seed), "--set", f"model.dtype={dtype}"]
+    return whole_command(args, out, KEYS, seed=seed, dtype=dtype)
 
 
 def main() -> None:

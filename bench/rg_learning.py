@@ -30,21 +30,25 @@ KEYS = ("eval_strict_accuracy_before", "eval_strict_accuracy_after", "eval_lenie
         "peak_rss_mib", "steps")
 
 
-def train_one(recipe: str, task: str, seed: int, out: Path) -> dict:
-    """One whole `llmrl train` command; the summary's numbers, or the error's last line."""
-    cmd = [sys.executable, "-m", "llmrl", "train", "--recipe", recipe, "--task", f"rg:{task}", "--seed", str(seed), "--out", str(out),
-           "--overwrite"]
+def whole_command(args: list[str], out: Path, keys: tuple[str, ...], **row: object) -> dict:
+    """Run `llmrl train ARGS --out OUT --overwrite` as a whole command in a fresh process: `row` with
+    the command's seconds and, from the run's summary.json, `keys` (or the error's last line)."""
+    cmd = [sys.executable, "-m", "llmrl", "train", *args, "--out", str(out), "--overwrite"]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    row: dict = {"task": task, "seed": seed, "command_s": round(time.perf_counter() - start, 1), "run_dir": str(out)}
+    done: dict = {**row, "command_s": round(time.perf_counter() - start, 1)}
     summary = out / "summary.json"
     if proc.returncode != 0 or not summary.exists():
         lines = (proc.stderr or proc.stdout).strip().splitlines()
-        row["error"] = lines[-1] if lines else f"exit {proc.returncode}"
-        return row
+        return {**done, "error": lines[-1] if lines else f"exit {proc.returncode}"}
     data = json.loads(summary.read_text())
-    row.update({k: data.get(k) for k in KEYS})
-    return row
+    return {**done, **{k: data.get(k) for k in keys}}
+
+
+def train_one(recipe: str, task: str, seed: int, out: Path) -> dict:
+    """One whole `llmrl train` command; the summary's numbers, or the error's last line."""
+    return whole_command(["--recipe", recipe, "--task", f"rg:{task}", "--seed", str(seed)], out, KEYS,
+                         task=task, seed=seed, run_dir=str(out))
 
 
 def main() -> None:
