@@ -122,6 +122,10 @@ def test_the_guessing_game_answers_higher_or_lower_and_ends_on_the_secret() -> N
     assert game.step("no idea", []) == EnvStep([{"role": "user", "content": "Reply with one number from 20 to 29."}])
     assert game.step("23!", []) == EnvStep(done=True)  # the environment gives no reward: the task's reward does
     assert guessed([""] * 4, ["23", "It is 23.", "22 or 23", "none"], ["23"] * 4) == [1.0, 1.0, 0.0, 0.0]
+    assert game.step("9" * 5000, []) == EnvStep([{"role": "user", "content": "Lower."}])  # no 5,000-digit int
+    assert guessed([""], ["9" * 5000], ["23"]) == [0.0]
+    with pytest.raises(ValueError, match=r"rows with whole-number 'answer', 'low' and 'high' columns .* has 'prompt', 'answer'"):
+        game.reset({"prompt": "37+85=", "answer": "122"}, 0)
 
 
 def test_every_game_is_won_by_halving_within_the_default_four_turns() -> None:
@@ -147,3 +151,9 @@ def test_every_game_is_won_by_halving_within_the_default_four_turns() -> None:
             low, high = (guess + 1, high) if out.messages[0]["content"] == "Higher." else (low, guess - 1)
         turns.append(turn)
     assert max(turns) == 4 and min(turns) == 1
+
+
+@pytest.mark.parametrize("task", ["guess,arithmetic", "arithmetic,calc"])
+def test_a_mixture_with_an_episode_task_is_refused(task: str) -> None:
+    """A mixture runs every row as one turn; a game or a tool task in it would silently lose its environment."""
+    cli_refused(["train", "--task", task, *CLI_SMALL], "is played in episodes in its own environment, which a mixture does not run")

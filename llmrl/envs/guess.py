@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from .base import EnvStep, Message, ToolCall, register_env
 
-_NUMBER = re.compile(r"-?\d+")
+_NUMBER = re.compile(r"-?\d{1,30}")  # a longer run of digits reads as its first 30: never a 5,000-digit int
 
 
 def first_guess(text: str) -> int | None:
@@ -41,7 +41,12 @@ class Guess:
         return None
 
     def reset(self, row: dict[str, Any], seed: int) -> list[Message]:
-        self.secret, self.low, self.high = int(row["answer"]), int(row["low"]), int(row["high"])
+        try:
+            self.secret, self.low, self.high = int(row["answer"]), int(row["low"]), int(row["high"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError("the guess environment plays rows with whole-number 'answer', 'low' and 'high' "
+                             "columns (the `guess` task's); this row has "
+                             f"{', '.join(repr(k) for k in row) or 'none'}") from None
         prompt = row["prompt"]
         return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
 

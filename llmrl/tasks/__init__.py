@@ -122,6 +122,9 @@ def build_task(config: "Config") -> Task:
     counts = mixture.train_counts([w for _, w, _ in parts], config.rg.train_size)
     tasks = [get_task(name, settings, train_size=n, label=label, **kw)
              for (name, _, settings), label, n in zip(parts, names, counts, strict=True)]
+    if played := [t.name for t in tasks if t.env]:  # a mixture's rows run one turn: the game would be lost
+        raise ConfigError(f"'{played[0]}' is played in episodes in its own environment, which a mixture does not "
+                          "run (its rows are one turn each); train it on its own.")
     return mix_tasks(tasks, counts)
 
 
