@@ -101,15 +101,21 @@ def register_env(name: str) -> Callable[[Callable[..., Environment]], Callable[.
 
 
 def resolve_env(name: str, **options: Any) -> EnvSpec:
-    """The environment `name` names: a built-in (`ENVS`), `module:Class` or `file.py:Class`.
+    """The environment `name` names: a built-in (`ENVS`), a TextArena game `ta:ENV_ID`, `module:Class` or
+    `file.py:Class`.
     `options` reach a built-in's constructor (e.g. the tools' time limit); a user's class takes none."""
     if name in ENVS:
         factory = ENVS[name]
         return EnvSpec(name, lambda: factory(**options))
+    if name.startswith("ta:"):  # a TextArena game (envs/textarena.py), imported only when asked for
+        from .textarena import TextArenaEnv, env_id
+
+        game = env_id(name)
+        return EnvSpec(name, lambda: TextArenaEnv(game))
     target, sep, attr = name.rpartition(":")
     if not sep or not target or not attr:
-        raise ConfigError(f"Environment '{name}' is not a built-in ({', '.join(sorted(ENVS))}), a 'module:Class' "
-                          "or a 'file.py:Class'.")
+        raise ConfigError(f"Environment '{name}' is not a built-in ({', '.join(sorted(ENVS))}), a TextArena game "
+                          "'ta:ENV_ID', a 'module:Class' or a 'file.py:Class'.")
     cls = getattr(load_target(target, "environment"), attr, None)
     if cls is None or not callable(cls):
         raise ConfigError(f"Environment '{name}': '{target}' has no class '{attr}'.")

@@ -21,7 +21,7 @@ from ..models.load import register_builtin_model
 from ..models.tiny import ensure_tiny
 from ..rewards.builtin import first_number, numeric
 from ..envs.guess import guessed
-from . import arithmetic, calc, chat_sum, guess, mixture, rg
+from . import arithmetic, calc, chat_sum, guess, mixture, rg, textarena
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -85,17 +85,23 @@ register_builtin_model("tiny", lambda show_progress: ensure_tiny(tiny_corpus, sh
 
 def get_task(name: str, settings: dict[str, Any] | None = None, *, train_size: int = 1000, eval_size: int = 500,
              split_seed: int = 1234, reward: str = "strict", answer: str = "tag", label: str | None = None) -> Task:
-    """One task: a built-in (`TASKS`) or a reasoning-gym one, 'rg:NAME?k=v…' with `settings` under the
-    query's own (rg.py: train_size questions, eval_size held out, seeds from split_seed)."""
+    """One task: a built-in (`TASKS`), a reasoning-gym one, 'rg:NAME?k=v…' with `settings` under the
+    query's own (rg.py: train_size questions, eval_size held out, seeds from split_seed), or a TextArena
+    game 'ta:ENV_ID' (textarena.py: train_size games, eval_size held out)."""
     if rg.is_rg(name):
         source = rg.load(name, settings, train_size=train_size, eval_size=eval_size, split_seed=split_seed,
                          answer=answer)
         train, held_out = rg.rows(source, label or name)
         fn, metrics = rg.reward_fns(source, reward)
         return Task(label or name, train, held_out, fn, metrics=metrics)
+    if textarena.is_textarena(name):
+        if settings:
+            raise ConfigError(f"Task '{name}' is a TextArena game and takes no config; its registered id names it.")
+        train, held_out = textarena.splits(name, train_size=train_size, eval_size=eval_size, split_seed=split_seed)
+        return Task(label or name, train, held_out, textarena.no_task_reward, env=name)
     if name not in TASKS:
-        raise ConfigError(f"Unknown task '{name}'; valid tasks: {', '.join(TASKS)}, or rg:NAME "
-                          "(a reasoning-gym dataset; `llmrl tasks` lists them).")
+        raise ConfigError(f"Unknown task '{name}'; valid tasks: {', '.join(TASKS)}, rg:NAME "
+                          "(a reasoning-gym dataset; `llmrl tasks` lists them) or ta:ENV_ID (a TextArena game).")
     if settings:
         raise ConfigError(f"Task '{name}' is built in and takes no config; only rg:NAME tasks do.")
     task = TASKS[name]()

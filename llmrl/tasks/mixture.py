@@ -52,7 +52,7 @@ def split_names(task: str, builtin: Collection[str] = ()) -> list[str]:
 def _starts_task(rest: str, builtin: Collection[str]) -> bool:
     """Whether `rest` (the text after a comma) begins with a task's name."""
     head = rest.strip()
-    return head.startswith(rg.PREFIX) or head.split("?", 1)[0].split(",", 1)[0].strip() in builtin
+    return head.startswith((rg.PREFIX, "ta:")) or head.split("?", 1)[0].split(",", 1)[0].strip() in builtin
 
 
 def entries(task: str, mix_tasks: list[dict[str, Any]] | None,
