@@ -8,6 +8,7 @@ mostly has both values), so which groups a step may train on is known from the p
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from safetensors.torch import load_file
 from llmrl import load_config, read_run, train
 from llmrl.step.groups import extra_prompts, informative, join_samples, join_scores, select_groups
 from llmrl.step.overlong import sequence_rewards
-from llmrl.step.records import Samples, Scores
+from llmrl.step.records import EpisodeLog, Samples, Scores
 from tests.helpers import CLI_SMALL, cli_refused, cli_run, is_timing
 
 REWARD = '''
@@ -109,6 +110,40 @@ def test_join_pads_rounds_to_one_batch() -> None:
     assert joined.behaviour_logprobs.shape == (4, 5) and not joined.behaviour_logprobs.masked_select(~joined.response_mask).any()
     assert scores.scores.tolist() == [0.0, 1.0, 2.0, 3.0] and scores.parts["a"].tolist() == [1.0] * 4
     assert joined.rows == a.rows + b.rows and joined.prompt_index.tolist() == [0, 0, 1, 1]
+
+
+def _as_episodes(samples: Samples, env_at: dict[int, list[int]]) -> Samples:
+    """The samples as episodes: row i's response positions env_at[i] are the environment's tokens
+    (context, not trained), and its episode log holds i in every field (turns = i + 1)."""
+    action, context = samples.response_mask.clone(), samples.response_mask.clone()
+    for i, cols in env_at.items():
+        action[i, cols] = False
+    n = samples.n
+    log = EpisodeLog(torch.arange(n) + 1, torch.arange(n), torch.arange(n), torch.arange(n, dtype=torch.float32),
+                     torch.tensor([len(env_at.get(i, [])) for i in range(n)]), 0.25)
+    return replace(samples, response_mask=action, context_mask=context, episodes=log)
+
+
+def test_selecting_and_joining_episodes_keeps_their_masks_and_logs() -> None:
+    # row 4's response is 6 tokens whose last but one (col 4) is the environment's, row 0's 1 token
+    samples, scores = _samples([3, 3, 5, 5, 2, 2], [1, 4, 2, 2, 6, 1], g=2)
+    episodes = _as_episodes(samples, {4: [4], 1: [1, 2]})
+    kept, _ = select_groups(episodes, scores, torch.tensor([2, 0]))  # rows 4, 5, 0, 1
+    assert kept.context_mask.shape == kept.response_mask.shape == (4, 6)
+    assert kept.context_mask.sum(1).tolist() == [6, 1, 1, 4] and kept.response_mask.sum(1).tolist() == [5, 1, 1, 2]
+    assert kept.episodes.turns.tolist() == [5, 6, 1, 2] and kept.episodes.env_tokens.tolist() == [1, 0, 0, 2]
+    assert kept.episodes.env_reward.tolist() == [4.0, 5.0, 0.0, 1.0] and kept.episodes.env_time_s == 0.25
+    # an environment span that ends a row's kept columns is never trimmed away: trimming reads the context
+    tail = _as_episodes(samples, {4: [5]})
+    kept, _ = select_groups(tail, scores, torch.tensor([2]))
+    assert kept.response_ids.shape[1] == 6 and kept.context_mask[0].tolist() == [True] * 6
+    a = _as_episodes(*_samples([2, 2], [3, 1], g=2)[:1], {0: [1]})
+    b = _as_episodes(*_samples([4, 1], [1, 5], g=2, offset=2)[:1], {1: [2, 3]})
+    joined = join_samples([a, b], pad_id=0)
+    assert joined.context_mask.shape == (4, 5) and joined.context_mask.sum(1).tolist() == [3, 1, 1, 5]
+    assert joined.response_mask.sum(1).tolist() == [2, 1, 1, 3]
+    assert joined.episodes.turns.tolist() == [1, 2, 1, 2] and joined.episodes.env_time_s == 0.5
+    assert join_samples([a, _samples([1, 1], [1, 1], g=2)[0]], pad_id=0).episodes is None
 
 
 def test_extra_prompts_are_new_seeded_and_run_out() -> None:

@@ -160,3 +160,20 @@ def test_a_resumed_episode_run_equals_an_uninterrupted_one(tiny_model_dir: Path,
     strip = lambda r: {k: v for k, v in r.items() if not is_timing(k) and k != "env_time_s"}  # noqa: E731
     assert [strip(r) for r in resumed] == [strip(r) for r in whole]
     assert any(r["turns_mean"] > 1 for r in whole)
+
+
+def test_dynamic_sampling_trains_only_episode_groups_whose_rewards_differ(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """rollout.filter_groups with episodes: Echo rewards the episodes that reach a third turn, so a group
+    of 2 is kept exactly when one of its episodes did and the other did not; refill rounds draw more."""
+    env = tmp_path / "echo_env.py"
+    env.write_text(USER_ENV)
+    rows = _train(tiny_model_dir, tmp_path / "ds", "--algo", "grpo", "--env", f"{env}:Echo", "--set",
+                  "rollout.max_turns=3", "--set", "rollout.filter_groups=true", "--set", "rollout.max_draws=3",
+                  "--set", "kl.beta=0", "--set", "log.completions_every=1", "--set", "log.completions_rows=64")
+    logged = [json.loads(line) for line in (tmp_path / "ds" / "completions.jsonl").read_text().splitlines()]
+    for r in rows:
+        groups = [g for g in (logged[i : i + 2] for i in range(0, len(logged), 2)) if g[0]["step"] == r["step"]]
+        assert r["groups_kept"] == len(groups) and r["groups_kept"] + r["groups_dropped"] <= r["ds_prompts"]
+        assert all({e["env_reward"] for e in g} == {0.0, 1.0} for g in groups)  # only mixed groups are trained
+        assert all(len(e["turns"]) == (5 if e["env_reward"] else len(e["turns"])) for g in groups for e in g)
+    assert sum(r["groups_kept"] for r in rows) > 0 and any(r["ds_draws"] > 0 for r in rows)

@@ -100,8 +100,6 @@ def test_episode_settings_are_validated() -> None:
 @pytest.mark.parametrize("extra, message", [
     (["--set", "rollout.env=nope"], "Environment 'nope' is not a built-in"),
     (["--env", "no_such_module_xyz:Env"], "Cannot import environment module 'no_such_module_xyz'"),
-    (["--task", "calc", "--set", "rollout.filter_groups=true", "--set", "rollout.num_generations=2", "--set", "kl.beta=0"],
-     "do not run with rollout.filter_groups yet"),
     (["--task", "calc", "--algo", "remax"], "do not run with estimator 'remax' yet"),
 ])
 def test_bad_environment_settings_are_one_sentence(tiny_model_dir: Path, tmp_path: Path, extra: list[str],

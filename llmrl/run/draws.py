@@ -60,6 +60,8 @@ def draw(s: Session, step: int, rows: list[dict[str, Any]], index: torch.Tensor,
     g = cfg.rollout.num_generations
 
     def one_round(rows: list[dict[str, Any]], index: torch.Tensor, d: int) -> tuple[Samples, Scores]:
+        if s.env is not None:  # episodes (rollout.env): the episode-aware generate
+            return _episodes(s, step, rows, index, clock, d * g)
         with clock("generate"):
             samples = generate(s.engine, s.tokenizer, rows, index, cfg=cfg.rollout, seed=cfg.seed, step=step,
                                device=device, logprobs=(plan.old_logprobs and plan.from_generation) or plan.behaviour,
@@ -68,11 +70,9 @@ def draw(s: Session, step: int, rows: list[dict[str, Any]], index: torch.Tensor,
             scores = s.dist.agree(lambda: score(samples, s.task.reward, device))
         return samples, scores
 
-    if s.env is not None:  # episodes (rollout.env): one round, the episode-aware generate
-        return _episodes(s, step, rows, index, clock)
     if not cfg.rollout.filter_groups:
         first = one_round(rows, index, 0)
-        return Drawn(first[0], first[1], first[1], {})
+        return Drawn(first[0], first[1], first[1], _episode_stats(first[0], [first[0]]))
     want, taken = len(rows), set(index.tolist())
     more = extra_prompts(len(s.task.train), taken, cfg.rollout.oversample, cfg.seed, step, 0)
     taken |= set(more.tolist())
@@ -81,6 +81,7 @@ def draw(s: Session, step: int, rows: list[dict[str, Any]], index: torch.Tensor,
     kept: list[tuple[Samples, Scores]] = []
     n_kept = dropped = extra = 0
     drawn = want + len(more)
+    rounds = [current[0]]
     for d in range(cfg.rollout.max_draws + 1):
         if d > 0:
             count = want if n_kept == 0 else min(want, math.ceil((want - n_kept) * drawn / n_kept))
@@ -90,6 +91,7 @@ def draw(s: Session, step: int, rows: list[dict[str, Any]], index: torch.Tensor,
             taken |= set(more.tolist())
             drawn, extra = drawn + len(more), extra + 1
             current = one_round([s.task.train[i] for i in more.tolist()], more, d)
+            rounds.append(current[0])
         raw = current[1].scores
         ok = informative(raw if cfg.rollout.filter_on == "score" else sequence_rewards(current[0], raw, cfg), g)
         dropped += int((~ok).sum())
@@ -105,22 +107,30 @@ def draw(s: Session, step: int, rows: list[dict[str, Any]], index: torch.Tensor,
         samples, scores = first
     stats = {"ds_draws": extra, "ds_prompts": drawn, "groups_dropped": dropped, "groups_kept": n_kept,
              "kept_share": n_kept / want, "reward_mean_trained": scores.scores.mean().item()}
-    return Drawn(samples, scores, first[1], stats)
+    return Drawn(samples, scores, first[1], {**stats, **_episode_stats(first[0], rounds)})
 
 
 def _episodes(s: Session, step: int, rows: list[dict[str, Any]], index: torch.Tensor,
-              clock: Callable[[str], ContextManager[None]]) -> Drawn:
-    """Episodes in the environment `s.env` (step/episodes.py): the task's reward of each episode's last
-    turn plus the environment's summed per-turn rewards, and the episode metrics."""
+              clock: Callable[[str], ContextManager[None]], first_sample: int = 0) -> tuple[Samples, Scores]:
+    """One round of episodes in the environment `s.env` (step/episodes.py), scored: the task's reward of
+    each episode's last turn plus the environment's summed per-turn rewards."""
     cfg, plan, device = s.config, s.plan, s.stack.lm.device
     assert s.env is not None
     with clock("generate"):
         samples = generate_episodes(s.engine, s.tokenizer, s.env, rows, index, cfg=cfg.rollout, seed=cfg.seed,
                                     step=step, device=device, stop_ids=stop_token_ids(s.tokenizer, s.stack.lm),
                                     logprobs=(plan.old_logprobs and plan.from_generation) or plan.behaviour,
-                                    context=getattr(s.stack.lm.config.get_text_config(), "max_position_embeddings", None))
+                                    context=getattr(s.stack.lm.config.get_text_config(), "max_position_embeddings", None),
+                                    first_sample=first_sample)
     with clock("score"):
         scores = score(samples, s.task.reward, device)
     assert samples.episodes is not None
-    scores = replace(scores, scores=scores.scores + samples.episodes.env_reward.to(device))
-    return Drawn(samples, scores, scores, episode_stats(samples))
+    return samples, replace(scores, scores=scores.scores + samples.episodes.env_reward.to(device))
+
+
+def _episode_stats(stream: Samples, rounds: list[Samples]) -> dict[str, Any]:
+    """Episodes: the stream's prompts' episode metrics (round 0, as `reward_mean`), with env_time_s
+    summed over every round's episodes; {} for one-turn samples."""
+    if stream.episodes is None:
+        return {}
+    return {**episode_stats(stream), "env_time_s": sum(r.episodes.env_time_s for r in rounds if r.episodes is not None)}

@@ -85,7 +85,7 @@ def episode_env(config: Config, task: Task, spec: EstimatorSpec, dist: DistConte
     if name is None:
         return None
     for refused, why in ((config.rollout.engine != "hf", f"the {config.rollout.engine} engine"),
-                         (config.rollout.filter_groups, "rollout.filter_groups"), (spec.needs.greedy, f"estimator '{spec.name}'"),
+                         (spec.needs.greedy, f"estimator '{spec.name}'"),
                          (dist.world_size > 1, "several processes")):
         if refused:
             raise ConfigError(f"Episodes (environment '{name}') do not run with {why} yet; docs/environments.md "

@@ -24,7 +24,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from .records import Samples, Scores
+from .records import EpisodeLog, Samples, Scores
 
 
 def informative(scores: Tensor, group_size: int) -> Tensor:
@@ -43,13 +43,32 @@ def _trim(samples: Samples) -> Samples:
     """Drop the prompt columns that no row uses (left padding) and the response columns after the
     longest response: all of them are padding, so nothing a forward computes changes."""
     p_used = samples.prompt_mask.any(0).nonzero()
-    t_used = samples.response_mask.any(0).nonzero()
+    real = samples.response_mask if samples.context_mask is None else samples.context_mask  # episodes: env tokens too
+    t_used = real.any(0).nonzero()
     p0 = int(p_used[0]) if len(p_used) else samples.prompt_mask.shape[1]
     t1 = int(t_used[-1]) + 1 if len(t_used) else 1
-    mu = samples.behaviour_logprobs
+    mu, context = samples.behaviour_logprobs, samples.context_mask
     return replace(samples, prompt_ids=samples.prompt_ids[:, p0:], prompt_mask=samples.prompt_mask[:, p0:],
                    response_ids=samples.response_ids[:, :t1], response_mask=samples.response_mask[:, :t1],
-                   behaviour_logprobs=None if mu is None else mu[:, :t1])
+                   behaviour_logprobs=None if mu is None else mu[:, :t1],
+                   context_mask=None if context is None else context[:, :t1])
+
+
+def _log_rows(log: EpisodeLog | None, rows: list[int]) -> EpisodeLog | None:
+    """The episode log of the given rows (env_time_s stays the round's: the time was spent either way)."""
+    if log is None:
+        return None
+    return EpisodeLog(log.turns[rows], log.tool_calls[rows], log.tool_errors[rows], log.env_reward[rows],
+                      log.env_tokens[rows], log.env_time_s)
+
+
+def _join_logs(logs: Sequence[EpisodeLog | None]) -> EpisodeLog | None:
+    """Several rounds' episode logs as one, in order (None unless every round ran episodes)."""
+    if any(x is None for x in logs):
+        return None
+    cat = lambda get: torch.cat([get(x) for x in logs])  # noqa: E731
+    return EpisodeLog(cat(lambda x: x.turns), cat(lambda x: x.tool_calls), cat(lambda x: x.tool_errors),
+                      cat(lambda x: x.env_reward), cat(lambda x: x.env_tokens), sum(x.env_time_s for x in logs))
 
 
 def select_groups(samples: Samples, scores: Scores, keep: Tensor) -> tuple[Samples, Scores]:
@@ -65,7 +84,8 @@ def select_groups(samples: Samples, scores: Scores, keep: Tensor) -> tuple[Sampl
         prompt_mask=samples.prompt_mask[rows], response_ids=samples.response_ids[rows],
         response_mask=samples.response_mask[rows], prompt_index=samples.prompt_index[rows],
         completions=tuple(samples.completions[i] for i in rows_cpu), behaviour_logprobs=picked(samples.behaviour_logprobs),
-        greedy_completions=None if greedy is None else tuple(greedy[k] for k in keep.tolist()))
+        greedy_completions=None if greedy is None else tuple(greedy[k] for k in keep.tolist()),
+        context_mask=picked(samples.context_mask), episodes=_log_rows(samples.episodes, rows_cpu))
     return _trim(kept), Scores(scores.scores[rows.to(scores.scores.device)],
                                {k: v[rows.to(v.device)] for k, v in scores.parts.items()}, picked(scores.baseline))
 
@@ -89,6 +109,7 @@ def join_samples(parts: Sequence[Samples], pad_id: int) -> Samples:
     cat = lambda get, width, value, left: torch.cat([_pad(get(s), width, value, left) for s in parts])  # noqa: E731
     mus = [s.behaviour_logprobs for s in parts]
     greedy = [s.greedy_completions for s in parts]
+    contexts = [s.context_mask for s in parts]
     return Samples(
         rows=tuple(r for s in parts for r in s.rows),
         prompt_ids=cat(lambda s: s.prompt_ids, p, pad_id, True), prompt_mask=cat(lambda s: s.prompt_mask, p, False, True),
@@ -98,6 +119,8 @@ def join_samples(parts: Sequence[Samples], pad_id: int) -> Samples:
         completions=tuple(c for s in parts for c in s.completions),
         behaviour_logprobs=None if any(m is None for m in mus) else torch.cat([_pad(m, t, 0.0, False) for m in mus]),
         greedy_completions=None if any(x is None for x in greedy) else tuple(c for x in greedy for c in x),
+        context_mask=None if any(c is None for c in contexts) else torch.cat([_pad(c, t, False, False) for c in contexts]),
+        episodes=_join_logs([s.episodes for s in parts]),
     )
 
 
