@@ -49,3 +49,19 @@ def test_settings_by_hand_win_and_an_unknown_prompt_keeps_the_old_gib() -> None:
     plain = _config()
     assert vm.context_tokens(plain, None) is None
     assert vm.kv_cache_bytes(plain, SMOLLM2, torch.float32, None) == 2**30
+
+
+def test_episodes_size_the_context_to_their_budget_within_the_models_window() -> None:
+    from llmrl.step.episodes import episode_budget
+
+    cfg = _config("rollout.prompts_per_step=2", "rollout.num_generations=4", "rollout.max_new_tokens=32",
+                  "update.minibatch_size=8", "rollout.max_turns=3")
+    budget = episode_budget(cfg.rollout)
+    assert budget == 192  # no rollout.max_episode_tokens: 2 × 3 turns × 32 new tokens
+    assert vm.context_tokens(cfg, 40, budget, SMOLLM2) == 232  # 40 + 192
+    # 1.25 × 8 rows × 256 tokens (232 rounded up to two blocks) × 46 080 B = 117 964 800
+    assert vm.kv_cache_bytes(cfg, SMOLLM2, torch.float32, 40, budget) == 117_964_800
+    capped = _config("rollout.max_episode_tokens=50", "rollout.max_new_tokens=32", "update.minibatch_size=8")
+    assert episode_budget(capped.rollout) == 50 and vm.context_tokens(capped, 40, 50, SMOLLM2) == 90
+    small = LlamaConfig(**{**SMOLLM2.to_dict(), "max_position_embeddings": 200})
+    assert vm.context_tokens(cfg, 40, budget, small) == 200  # never past the model's window

@@ -50,6 +50,9 @@ class GenerationRequest:
     keys         (B·G,) int64 seed keys (`row_keys`), one per response row; None: greedy decoding
     logprobs     also return log μ of the drawn tokens, when the engine can give them
     role         'actor' (the trained policy) or 'reference' (the frozen base: no adapter)
+    room         (B·G,) int, episodes only: the new tokens each row may still take (≤ settings.max_new_tokens;
+                 its episode's budget or the context ends there); an engine may stop a row there
+                 (vllm must: it refuses to decode past its context), the caller cuts it there anyway
     """
 
     prompt_ids: Tensor
@@ -59,6 +62,7 @@ class GenerationRequest:
     keys: Tensor | None = None
     logprobs: bool = False
     role: str = "actor"
+    room: Tensor | None = None
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,7 @@ class HFEngine:
 
 @register_engine("hf")
 def hf_engine(*, stack: PolicyStack, tokenizer: Any, config: Any = None, dist: DistContext = SINGLE,
-              longest_prompt: int | None = None) -> HFEngine:
+              longest_prompt: int | None = None, response_tokens: int | None = None) -> HFEngine:
     """The `hf` engine of a run: the stack, its stop and pad ids, the run's collectives (it reserves
-    nothing ahead, so `longest_prompt` does not size it)."""
+    nothing ahead, so `longest_prompt` and `response_tokens` do not size it)."""
     return HFEngine(stack, stop_token_ids(tokenizer, stack.lm), tokenizer.pad_token_id, dist)

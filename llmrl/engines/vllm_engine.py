@@ -104,6 +104,7 @@ class VLLMEngine:
         self._tmp = tempfile.TemporaryDirectory(prefix="llmrl-vllm-lora-") if sync_mode == "adapter" else None
         self._sleep, self._asleep = sleep, False
         self.syncs = self.skipped = 0
+        self.max_model_len = int(llm.llm_engine.model_config.max_model_len)  # prompt + response, tokens
         self.sync_bytes = 0  # bytes pushed by the last sync
         self.sync_peak_bytes = 0  # of which alive at once: the largest per-layer bucket (actor_weights.buckets)
         if not actor_is_base(stack):  # a trained actor (llmrl eval of a run): the loaded base is not it
@@ -120,17 +121,19 @@ class VLLMEngine:
         rows = [p for p in prompts for _ in range(request.num_samples)]
         s = request.settings
         keys = request.keys.tolist() if request.keys is not None else [None] * len(rows)
-        params = [SamplingParams(n=1, max_tokens=s.max_new_tokens, temperature=s.temperature if k is not None else 0.0,
+        # an episode's grown row may have less room than max_new_tokens (step/episodes.py cuts it there)
+        limits = [s.max_new_tokens] * len(rows) if request.room is None else [max(1, n) for n in request.room.tolist()]
+        params = [SamplingParams(n=1, max_tokens=n, temperature=s.temperature if k is not None else 0.0,
                                  top_p=s.top_p if k is not None else 1.0, seed=k, stop_token_ids=self.stop_ids,
                                  logprobs=0 if request.logprobs else None, detokenize=False, skip_special_tokens=False)
-                  for k in keys]
+                  for k, n in zip(keys, limits, strict=True)]
         try:
             outputs = self.llm.generate(rows, params, use_tqdm=False, lora_request=self._request_for(request.role))
         except (ValueError, _validation_error()) as exc:  # e.g. a prompt at or past engine.max_model_len
             raise ConfigError(f"The vllm engine refused a prompt: {_first_line(exc)}; raise engine.max_model_len "
                               "or shorten the prompts.") from None
         completions = [o.outputs[0] for o in outputs]
-        self._check_not_capped(completions, s.max_new_tokens)
+        self._check_not_capped(completions, limits)
         gen = self._collect(completions, request.logprobs, request.prompt_ids.device)
         self._doze()
         return gen
@@ -144,11 +147,11 @@ class VLLMEngine:
         raise ConfigError("The vllm engine with engine.sync=merged holds the actor's weights, not the reference's; "
                           "use engine.sync=adapter to sample from the reference.")
 
-    def _check_not_capped(self, completions: list[Any], max_new_tokens: int) -> None:
-        """A completion vLLM stopped for length before max_new_tokens was cut by engine.max_model_len: it
+    def _check_not_capped(self, completions: list[Any], limits: list[int]) -> None:
+        """A completion vLLM stopped for length before its max_tokens was cut by engine.max_model_len: it
         would be scored as an ended answer and escape truncated_rows, mask_truncated and the overlong
         penalty (a run's prompts are checked against the cap before it starts: run/session.check_context)."""
-        for i, c in enumerate(completions):
+        for i, (c, max_new_tokens) in enumerate(zip(completions, limits, strict=True)):
             if c.finish_reason == "length" and len(c.token_ids) < max_new_tokens:
                 cap = self.llm.llm_engine.model_config.max_model_len
                 raise ConfigError(f"The vllm engine stopped response {i} at {len(c.token_ids)} of {max_new_tokens} new "
@@ -236,7 +239,8 @@ class VLLMEngine:
 
 
 def _llm_settings(config: Any, source: str, device: torch.device, dtype: torch.dtype, lora_rank: int,
-                  text_config: Any = None, longest_prompt: int | None = None) -> dict[str, Any]:
+                  text_config: Any = None, longest_prompt: int | None = None,
+                  response_tokens: int | None = None) -> dict[str, Any]:
     """vllm.LLM's arguments for this run (engine.* settings; docs/engines.md): the context and, on the
     CPU, the KV cache sized to the run's rows and longest prompt (vllm_memory.py)."""
     e = config.engine
@@ -247,12 +251,13 @@ def _llm_settings(config: Any, source: str, device: torch.device, dtype: torch.d
         enforce_eager=(not on_gpu) if e.enforce_eager is None else e.enforce_eager,
         logprobs_mode="processed_logprobs", max_num_seqs=e.max_num_seqs,
     )
-    if length := vllm_memory.context_tokens(config, longest_prompt):
+    if length := vllm_memory.context_tokens(config, longest_prompt, response_tokens, text_config):
         settings["max_model_len"] = length
     if on_gpu:
         settings.update(gpu_memory_utilization=e.gpu_memory_utilization, enable_sleep_mode=e.sleep)
     else:
-        settings["kv_cache_memory_bytes"] = vllm_memory.kv_cache_bytes(config, text_config, dtype, longest_prompt)
+        settings["kv_cache_memory_bytes"] = vllm_memory.kv_cache_bytes(config, text_config, dtype, longest_prompt,
+                                                                       response_tokens)
     if e.sync == "adapter":
         settings.update(enable_lora=True, max_lora_rank=lora_rank, max_loras=1)
     if world_from_env()[1] > 1:  # torchrun / --nproc: an engine per process, in the run's process group
@@ -313,9 +318,10 @@ def _check_cpu_head_size(text_config: Any) -> None:
 
 @register_engine("vllm", preflight)
 def vllm_engine(*, stack: PolicyStack, tokenizer: Any, config: Any, dist: DistContext = SINGLE,
-                longest_prompt: int | None = None) -> VLLMEngine:
+                longest_prompt: int | None = None, response_tokens: int | None = None) -> VLLMEngine:
     """A colocated vLLM engine on the run's device, loaded from the base's folder (or hub id); its
-    context and KV cache sized to `longest_prompt` (tokens) + rollout.max_new_tokens (vllm_memory.py)."""
+    context and KV cache sized to `longest_prompt` (tokens) + `response_tokens` (episodes' budget) or
+    rollout.max_new_tokens (vllm_memory.py)."""
     device = stack.lm.device
     check_settings(config, device)
     _check_tied_copies(stack)
@@ -327,7 +333,7 @@ def vllm_engine(*, stack: PolicyStack, tokenizer: Any, config: Any, dist: DistCo
     threads, set_threads = torch.get_num_threads(), torch.set_num_threads
     try:
         llm = vllm.LLM(**_llm_settings(config, source, device, dtype, config.lora.r, stack.lm.config.get_text_config(),
-                                       longest_prompt))
+                                       longest_prompt, response_tokens))
     except Exception as exc:  # vLLM's own refusals (an architecture or head size it lacks kernels for)
         raise ConfigError(f"vLLM cannot serve model '{config.model.name}': {_first_line(exc)}.") from None
     finally:  # vLLM's CPU worker pins torch to 1 thread and disables set_num_threads: the trainer needs them

@@ -6,7 +6,8 @@ ask of the engine: at most R rows at once, each a prompt of at most P tokens and
 
     R = (rollout.prompts_per_step + rollout.oversample) × rollout.num_generations    a step's rows,
         capped at engine.max_num_seqs (vLLM never runs more sequences at once)
-    L = engine.max_model_len, else P + N                                                 the context
+    L = engine.max_model_len, else P + N, at most the model's context window             the context
+        (episodes: N = their response budget, step/episodes.episode_budget)
     bytes per token  b = 2 (K and V) × layers × kv_heads × head_dim × dtype bytes
     KV bytes = HEADROOM × R × ⌈L / BLOCK⌉ · BLOCK × b
 
@@ -47,19 +48,27 @@ def rows_at_once(config: Any) -> int:
     return max(1, min((r.prompts_per_step + r.oversample) * r.num_generations, config.engine.max_num_seqs))
 
 
-def context_tokens(config: Any, longest_prompt: int | None) -> int | None:
-    """L: engine.max_model_len, else the longest prompt + rollout.max_new_tokens (None: not known)."""
+def context_tokens(config: Any, longest_prompt: int | None, response_tokens: int | None = None,
+                   text_config: Any = None) -> int | None:
+    """L: engine.max_model_len, else the longest prompt + the response's tokens (`response_tokens`:
+    episodes' budget, step/episodes.episode_budget; else rollout.max_new_tokens), at most the model's
+    context window (None: not known)."""
     if config.engine.max_model_len:
         return config.engine.max_model_len
-    return None if longest_prompt is None else longest_prompt + config.rollout.max_new_tokens
+    if longest_prompt is None:
+        return None
+    length = longest_prompt + (response_tokens or config.rollout.max_new_tokens)
+    window = getattr(text_config, "max_position_embeddings", None)
+    return min(length, window) if window else length
 
 
-def kv_cache_bytes(config: Any, text_config: Any, dtype: torch.dtype, longest_prompt: int | None) -> int:
+def kv_cache_bytes(config: Any, text_config: Any, dtype: torch.dtype, longest_prompt: int | None,
+                   response_tokens: int | None = None) -> int:
     """The CPU KV cache to allocate: engine.kv_cache_gb, else the module's formula (1 GiB when the
     context is not known)."""
     if config.engine.kv_cache_gb:
         return int(config.engine.kv_cache_gb * 2**30)
-    length = context_tokens(config, longest_prompt)
+    length = context_tokens(config, longest_prompt, response_tokens, text_config)
     if length is None:
         return FALLBACK_BYTES
     padded = math.ceil(length / BLOCK) * BLOCK

@@ -39,7 +39,7 @@ from ..step.groups import extra_prompts, informative, join_samples, join_scores,
 from ..step.overlong import sequence_rewards
 from ..step.records import Samples, Scores
 from ..step.score import score
-from .session import Session
+from .session import Session, episode_context
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ def _episodes(s: Session, step: int, rows: list[dict[str, Any]], index: torch.Te
         samples = generate_episodes(s.engine, s.tokenizer, s.env, rows, index, cfg=cfg.rollout, seed=cfg.seed,
                                     step=step, device=device, stop_ids=stop_token_ids(s.tokenizer, s.stack.lm),
                                     logprobs=(plan.old_logprobs and plan.from_generation) or plan.behaviour,
-                                    context=getattr(s.stack.lm.config.get_text_config(), "max_position_embeddings", None),
+                                    context=episode_context(s),
                                     first_sample=first_sample)
     with clock("score"):
         scores = score(samples, s.task.reward, device)

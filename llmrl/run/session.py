@@ -27,6 +27,7 @@ from ..models.stack import PolicyStack
 from ..models.tokenizer import stop_token_ids
 from ..parallel.distributed import SINGLE, DistContext
 from ..parallel.stats import shared_evaluation
+from ..step.episodes import episode_budget
 from ..step.forward import generation_logprobs
 from ..step.records import StepPlan
 from ..step.update import make_optimizers
@@ -84,8 +85,7 @@ def episode_env(config: Config, task: Task, spec: EstimatorSpec, dist: DistConte
     name = config.rollout.env or task.env
     if name is None:
         return None
-    for refused, why in ((config.rollout.engine != "hf", f"the {config.rollout.engine} engine"),
-                         (spec.needs.greedy, f"estimator '{spec.name}'"),
+    for refused, why in ((spec.needs.greedy, f"estimator '{spec.name}'"),
                          (dist.world_size > 1, "several processes")):
         if refused:
             raise ConfigError(f"Episodes (environment '{name}') do not run with {why} yet; docs/environments.md "
@@ -139,7 +139,8 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
     longest = check_context(task, tokenizer, base.config, config.rollout.max_new_tokens,
                             config.engine.max_model_len if config.rollout.engine == "vllm" else None)
     engine = build_engine(config.rollout.engine, stack=stack, tokenizer=tokenizer, config=config, dist=dist,
-                          longest_prompt=longest)
+                          longest_prompt=longest,
+                          response_tokens=None if env is None else episode_budget(config.rollout))
     session = Session(
         config, task, tokenizer, stack, engine, spec, plan_for(config, spec, stack, getattr(engine, "own_weights", False)), make_optimizers(stack, config.update),
         KLController(config.kl.beta, config.kl.adaptive, config.kl.target, config.kl.horizon),
@@ -151,6 +152,14 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
     if not resume:  # a resumed run records a new length once its checkpoint is restored (`record_steps`)
         folder.write_config(config)
     return session
+
+
+def episode_context(s: Session) -> int | None:
+    """The most tokens an episode's row (prompt + response) may reach: the model's context window, or
+    the vllm engine's max_model_len where that is smaller (an episode ends there, step/episodes.py)."""
+    limits = [getattr(s.stack.lm.config.get_text_config(), "max_position_embeddings", None),
+              getattr(s.engine, "max_model_len", None)]
+    return min((x for x in limits if x), default=None)
 
 
 def record_steps(folder: RunFolder, config: Config) -> None:
@@ -199,7 +208,7 @@ def run_eval(s: Session) -> EvalResult | None:
             res = evaluate_episodes(s.engine, s.tokenizer, s.env, part, s.task.reward, cfg=s.config.rollout,
                                     success=s.task.success, batch_size=s.config.eval.batch_size, metrics=s.task.metrics,
                                     stop_ids=stop_token_ids(s.tokenizer, s.stack.lm),
-                                    context=getattr(s.stack.lm.config.get_text_config(), "max_position_embeddings", None))
+                                    context=episode_context(s))
             return res.accuracy, res.reward_mean, res.completions, res.metrics
         res = evaluate(s.engine, s.tokenizer, part, s.task.reward, max_new_tokens=s.config.rollout.max_new_tokens,
                        success=s.task.success, batch_size=s.config.eval.batch_size, metrics=s.task.metrics,

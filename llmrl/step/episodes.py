@@ -48,6 +48,14 @@ def turn_keys(keys: Tensor, turn: int) -> Tensor:
     return torch.tensor([(k + turn * _TURN_MIX) % (2**63 - 1) for k in keys.tolist()], dtype=torch.long)
 
 
+def episode_budget(cfg: RolloutConfig) -> int:
+    """The response tokens (the model's and the environment's) an engine reserves room for per episode:
+    rollout.max_episode_tokens, else 2 × max_turns × max_new_tokens (the environment's answers
+    guessed as long as the model's turns). It sizes the vllm engine's context and KV cache; an episode
+    that outgrows the context ends there (`generate_episodes`' `context`), as at the model's window."""
+    return cfg.max_episode_tokens or 2 * cfg.max_turns * cfg.max_new_tokens
+
+
 def left_pad(rows: Sequence[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     """(ids, bool mask), (B, L) left-padded to the longest row."""
     width = max(len(r) for r in rows)
@@ -115,7 +123,8 @@ def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
         batch_ids, batch_mask = left_pad([prompts[i] + ids[i] for i in live], pad)
         settings = SamplingSettings(max(room.values()), cfg.temperature, cfg.top_p)
         gen = engine.generate(GenerationRequest(batch_ids, batch_mask, 1, settings,
-                                                None if greedy else turn_keys(keys[live], turn), logprobs=logprobs))
+                                                None if greedy else turn_keys(keys[live], turn), logprobs=logprobs,
+                                                room=torch.tensor([room[i] for i in live], dtype=torch.long)))
         for j, i in enumerate(live):
             sampled = gen.response_ids[j][gen.response_mask[j]].tolist()[: room[i]]
             ids[i] += sampled
