@@ -94,6 +94,33 @@ def test_the_score_lands_on_the_episodes_last_model_token() -> None:
     close(r, [[0, 0, 0, 0, 1, 0], [0, 0, 0, 2, 0, 0], [0] * 6, [0, 0, 4, 0, 0, 0]])
 
 
+def test_a_turns_own_reward_lands_on_that_turns_end_and_gae_discounts_it() -> None:
+    # row 0: turn 1 = model tokens 0, 1, then the environment's tokens 2, 3, turn 2 = model token 4. The
+    # environment gave 0.5 for each turn and the task 1.0 for the last: score = 1.0 + 0.5 + 0.5 = 2.0, of
+    # which turn 1's 0.5 (early_rewards, at its last token 1) moves there → r = [0, 0.5, 0, 0, 1.5, 0].
+    # row 1: no early reward: the score stays whole on its last token (nothing else changes).
+    from llmrl.config.schema import KLConfig
+    from llmrl.step.records import EpisodeLog, Forwards, Samples
+
+    mask = m([[1, 1, 0, 0, 1, 0], [1, 1, 1, 0, 0, 0]])
+    context = m([[1, 1, 1, 1, 1, 0], [1, 1, 1, 0, 0, 0]])
+    early = t([[0, 0.5, 0, 0, 0, 0], [0] * 6])
+    log = EpisodeLog(torch.tensor([2, 1]), torch.zeros(2), torch.zeros(2), t([1.0, 0.0]), torch.tensor([2, 0]), 0.0,
+                     early)
+    samples = Samples((), torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1, dtype=torch.bool),
+                      torch.zeros(2, 6, dtype=torch.long), mask, 1, torch.arange(2), ("",) * 2, context_mask=context,
+                      episodes=log)
+    r = shape_rewards(samples, Scores(t([2.0, 3.0])), Forwards(torch.float32), 0.0, KLConfig())
+    close(r, [[0, 0.5, 0, 0, 1.5, 0], [0, 0, 3.0, 0, 0, 0]])
+    # GAE, γ = 0.9, λ = 1, V = 0 over the model's tokens a, b, c (0, 1, 4): A_t = Σ_k γ^k r_{t+k}
+    #   A_c = 1.5;  A_b = 0.5 + 0.9·1.5 = 1.85;  A_a = 0 + 0.9·1.85 = 1.665
+    # (were the 0.5 left in the score: A_c = 2.0, A_b = 1.8, A_a = 1.62)
+    spec = get_estimator("gae")
+    x = EstimatorInput(token_rewards=r, response_mask=mask, group_size=1, values=torch.zeros(2, 6), gamma=0.9, lam=1.0)
+    out = over_model_tokens(spec.fn, x)
+    close(out.advantages[0], [1.665, 1.85, 0, 0, 1.5, 0])
+
+
 def _episode_batch():
     """One real batch of episodes on a random tiny model with a critic: (stack, samples, forwards, targets, config)."""
     config = load_config(overrides={"algo": "ppo", "update.minibatch_size": 8, "kl.beta": 0.05})

@@ -159,6 +159,22 @@ def test_decoding_logprobs_are_those_of_the_trained_sequence() -> None:
     torch.testing.assert_close(samples.behaviour_logprobs, full, atol=1e-10, rtol=0)
 
 
+def test_each_turns_reward_is_kept_at_the_end_of_that_turn() -> None:
+    _, samples = _tiny_episodes(logprobs=False)
+    log, action = samples.episodes, samples.response_mask
+    assert log is not None and log.early_rewards is not None and int(log.turns.max()) > 1
+    # Answer gives 0.5 a turn: every turn but the last puts its 0.5 on its own last sampled token, which is
+    # a model token followed by an environment token (or the end)
+    early = log.early_rewards
+    assert early.sum(-1).tolist() == [0.5 * (int(k) - 1) for k in log.turns]
+    ends = action & ~torch.cat([action[:, 1:], torch.zeros_like(action[:, :1])], 1)  # a run of model tokens ends
+    assert bool(((early != 0) <= ends).all()) and bool((early[~action] == 0).all())
+    tok = build_char_tokenizer()
+    view = episode_view(tok, samples, int(log.turns.argmax()))
+    model = [t for t in view["turns"] if t["by"] == "model"]
+    assert [t["reward"] for t in model] == [0.5] * len(model) and view["env_reward"] == 0.5 * len(model)
+
+
 def test_an_episode_stops_at_its_token_budget() -> None:
     _, samples = _tiny_episodes(budget=5, logprobs=False)
     assert samples.context_mask is not None and int(samples.context_mask.sum(-1).max()) <= 5

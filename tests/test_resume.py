@@ -31,14 +31,42 @@ def _env() -> dict[str, str]:
 
 def _metrics(run: Path) -> list[dict]:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not is_timing(k)} for r in rows]
+    return [{k: v for k, v in r.items() if not is_timing(k) and k != "env_time_s"} for r in rows]
 
 
-def test_kill_9_then_resume_is_bit_identical(warm_tiny_dir: Path, tmp_path: Path) -> None:
+ECHO = '''
+from llmrl.envs import EnvStep
+
+
+class Echo:
+    """Answers '7' twice, then ends the episode with a reward of 1 (state kept per episode)."""
+
+    def reset(self, row, seed):
+        self.turns = 0
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, text, calls):
+        self.turns += 1
+        if self.turns == 3:
+            return EnvStep(reward=1.0, done=True)
+        return EnvStep([{"role": "user", "content": "7"}])
+'''
+
+
+@pytest.mark.parametrize("episodes", [False, True], ids=["one-turn", "episodes"])
+def test_kill_9_then_resume_is_bit_identical(warm_tiny_dir: Path, tmp_path: Path, episodes: bool) -> None:
+    """PPO (GAE, the critic); `episodes`: in a 3-turn environment, GAE over the model's tokens only."""
     full, killed = tmp_path / "full", tmp_path / "killed"
-    subprocess.run(_cmd(warm_tiny_dir, full), check=True, env=_env(), capture_output=True)
+    extra: list[str] = []
+    if episodes:
+        (tmp_path / "echo_env.py").write_text(ECHO)
+        extra = ["--env", f"{tmp_path / 'echo_env.py'}:Echo", "--set", "rollout.max_turns=3"]
+    subprocess.run(_cmd(warm_tiny_dir, full, *extra), check=True, env=_env(), capture_output=True)
+    if episodes:
+        assert any(r["turns_mean"] > 1 for r in _metrics(full)), "the episodes must have several turns"
 
-    proc = subprocess.Popen(_cmd(warm_tiny_dir, killed), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(_cmd(warm_tiny_dir, killed, *extra), env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     metrics = killed / "metrics.jsonl"
     while time.time() < deadline and proc.poll() is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,33 @@ def _clip(text: Any, width: int = 60) -> str:
     """One line of at most `width` characters (chat message lists shown as their text)."""
     flat = " ".join(str(text).split())
     return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+_SCAFFOLD = re.compile(r"<\|[^|<>]{1,40}\|>(?:\s*(?:system|user|assistant|tool)\b)?|</?s>|<pad>")
+
+
+def turn_text(text: str) -> str:
+    """A turn of `completions.jsonl` (decoded with its special tokens) as plain words: the chat
+    template's markers ('<|im_end|>', '<|im_start|>user') dropped, whitespace folded."""
+    return " ".join(_SCAFFOLD.sub(" ", text).split())
+
+
+def episode_line(turns: list[dict[str, Any]], width: int = 110) -> str:
+    """An episode on one line (rich markup): the model's turns in bold, the environment's dim in ‹ ›,
+    clipped to `width` characters of text."""
+    parts, used = [], 0
+    for t in turns:
+        text = turn_text(t["text"]) or "∅"
+        room = width - used
+        if room <= 1:
+            parts.append("…")
+            break
+        clipped = _clip(text, room)
+        used += len(clipped) + 3
+        parts.append(f"[bold]{escape(clipped)}[/]" if t["by"] == "model" else f"[dim]‹{escape(clipped)}›[/]")
+        if clipped != text:
+            break
+    return " ".join(parts)
 
 
 def _phases(row: dict[str, Any]) -> str:
@@ -127,6 +155,12 @@ class RichReporter:
         """A few of the step's sampled completions, one line each: prompt (a chat prompt's last user
         message) → completion (reward)."""
         for r in rows[: self.shown_completions]:
+            if r.get("turns"):  # an episode: every turn, the environment's answers between the model's
+                model_turns = sum(t["by"] == "model" for t in r["turns"])
+                self.console.print(f"[dim]step {r['step']}[/]  {escape(_clip(prompt_text(r['prompt']), 40))} → "
+                                   f"{episode_line(r['turns'])}  [dim](reward {r['reward']:.3g}, {model_turns} "
+                                   f"turn{'s' if model_turns != 1 else ''})[/]", highlight=False)
+                continue
             prompt, completion = _clip(prompt_text(r["prompt"])), _clip(r["completion"])
             self.console.print(f"[dim]step {r['step']}[/]  {escape(prompt)} → [bold]{escape(completion)}[/]  "
                                f"[dim](reward {r['reward']:.3g})[/]", highlight=False)

@@ -113,6 +113,7 @@ def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
     last_text, done = [""] * n, [False] * n
     turns, calls_n, errors_n, env_tokens = [0] * n, [0] * n, [0] * n, [0] * n
     env_reward, env_time, lp_dtype = [0.0] * n, 0.0, torch.float32
+    turn_rewards: list[list[tuple[int, float]]] = [[] for _ in range(n)]  # (the turn's last token, its reward)
     caps = [min(x for x in (cfg.max_episode_tokens, None if context is None else context - len(p)) if x is not None)
             if cfg.max_episode_tokens is not None or context is not None else None for p in prompts]
     for turn in range(cfg.max_turns):
@@ -141,6 +142,7 @@ def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
                                                              skip_special_tokens=False), fmt), cfg.env_timeout_s)
             env_time += time.perf_counter() - started
             env_reward[i] += float(out.reward)
+            turn_rewards[i].append((len(ids[i]) - 1, float(out.reward)))
             calls_n[i] += out.tool_calls
             errors_n[i] += out.tool_errors
             # the environment sees every turn (its reward counts); its answer only when the model may act again
@@ -163,8 +165,14 @@ def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
     p_ids, p_mask = left_pad(prompts, pad)
     action = right_pad(acted, False, torch.bool)
     context = right_pad([[True] * len(r) for r in ids], False, torch.bool)
+    early = right_pad([[0.0] * len(r) for r in ids], 0.0, torch.float32)
+    for i, rewarded in enumerate(turn_rewards):
+        for at, r in rewarded[:-1]:  # every turn but the last (its reward stays in the score)
+            if at >= 0 and r and acted[i][at]:  # a turn that sampled nothing keeps its reward in the score
+                early[i, at] += r
     log = EpisodeLog(torch.tensor(turns), torch.tensor(calls_n), torch.tensor(errors_n),
-                     torch.tensor(env_reward, dtype=torch.float32), torch.tensor(env_tokens), env_time)
+                     torch.tensor(env_reward, dtype=torch.float32), torch.tensor(env_tokens), env_time,
+                     early.to(device))
     return Samples(
         rows=tuple(rows), prompt_ids=p_ids.to(device), prompt_mask=p_mask.to(device),
         response_ids=right_pad(ids, pad, torch.long).to(device), response_mask=action.to(device), group_size=g,
@@ -189,18 +197,24 @@ def episode_stats(samples: Samples) -> dict[str, float]:
 
 def episode_view(tokenizer: PreTrainedTokenizerBase, samples: Samples, i: int) -> dict[str, Any]:
     """Row i's episode for completions.jsonl: {turns: [{by: 'model'|'env', text, tokens, trained}] in
-    order (the runs of the action mask over the row's real tokens, decoded with their special tokens),
-    tool_calls, tool_errors, env_reward}."""
+    order (the runs of the action mask over the row's real tokens, decoded with their special tokens;
+    a model turn also has `reward`, the environment's reward for it), tool_calls, tool_errors, env_reward}."""
     log, context = samples.episodes, samples.context_mask
     assert log is not None and context is not None
     ids = samples.response_ids[i][context[i]].tolist()
     acted = samples.response_mask[i][context[i]].tolist()
+    early = None if log.early_rewards is None else log.early_rewards[i][context[i]].tolist()
     turns: list[dict[str, Any]] = []
     start = 0
     for end in range(1, len(ids) + 1):
         if end == len(ids) or acted[end] != acted[start]:
             turns.append({"by": "model" if acted[start] else "env", "text": tokenizer.decode(ids[start:end]),
                           "tokens": end - start, "trained": bool(acted[start])})
+            if acted[start]:
+                turns[-1]["reward"] = early[end - 1] if early is not None else 0.0
             start = end
+    model_turns = [t for t in turns if t["by"] == "model"]
+    if model_turns:  # the last turn's reward: the episode's total less the earlier turns'
+        model_turns[-1]["reward"] = float(log.env_reward[i]) - sum(t["reward"] for t in model_turns[:-1])
     return {"turns": turns, "tool_calls": int(log.tool_calls[i]), "tool_errors": int(log.tool_errors[i]),
             "env_reward": float(log.env_reward[i])}

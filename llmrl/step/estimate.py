@@ -1,6 +1,9 @@
 """estimate: `Scores` and `Forwards` → per-token rewards → `Targets` (advantages, returns).
 
     r_t = score·[t = last token] − β·KL_t (the KL term only when kl.placement = 'reward')
+          episodes: an environment's reward for a turn before the last moves from the score to that
+          turn's last token (EpisodeLog.early_rewards): Σ_t r_t is the same, GAE discounts it by γ per
+          model token from where it was earned
     advantages, returns = estimator(r, mask, groups, V_old, greedy baseline, γ, λ, n)   (registry, by name)
 """
 
@@ -29,11 +32,18 @@ def token_kl(logprobs: Tensor | None, ref_logprobs: Tensor | None, mask: Tensor,
 
 def shape_rewards(samples: Samples, scores: Scores, forwards: Forwards, beta: float, kl: KLConfig) -> Tensor:
     """r_t = score·[t = last token] − β·KL_t(π_old‖π_ref) (the KL term only when `kl.placement ==
-    'reward'`): (N, T) in the log-probs' dtype."""
+    'reward'`): (N, T) in the log-probs' dtype. An episode's early rewards (EpisodeLog.early_rewards:
+    its environment's rewards for turns before the last, part of the score) are moved to the end of
+    their own turn; with none (every built-in environment) nothing changes."""
     mask = samples.response_mask
     rewards = torch.zeros(mask.shape, dtype=forwards.dtype, device=mask.device)
     rows = torch.arange(samples.n, device=rewards.device)
     rewards[rows, last_token_index(mask)] = scores.scores.to(rewards.dtype)
+    early = None if samples.episodes is None else samples.episodes.early_rewards
+    if early is not None and bool(early.any()):  # an episode's earlier turns' rewards at their own turn's end
+        early = early.to(device=rewards.device, dtype=rewards.dtype)
+        rewards[rows, last_token_index(mask)] -= early.sum(-1)
+        rewards = rewards + early
     if kl.placement == "reward" and beta > 0:
         per_token = token_kl(forwards.old_logprobs, forwards.ref_logprobs, mask, kl.estimator)
         if per_token is not None:

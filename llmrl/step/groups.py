@@ -47,28 +47,34 @@ def _trim(samples: Samples) -> Samples:
     t_used = real.any(0).nonzero()
     p0 = int(p_used[0]) if len(p_used) else samples.prompt_mask.shape[1]
     t1 = int(t_used[-1]) + 1 if len(t_used) else 1
-    mu, context = samples.behaviour_logprobs, samples.context_mask
+    mu, context, log = samples.behaviour_logprobs, samples.context_mask, samples.episodes
+    if log is not None and log.early_rewards is not None:
+        log = replace(log, early_rewards=log.early_rewards[:, :t1])
     return replace(samples, prompt_ids=samples.prompt_ids[:, p0:], prompt_mask=samples.prompt_mask[:, p0:],
                    response_ids=samples.response_ids[:, :t1], response_mask=samples.response_mask[:, :t1],
                    behaviour_logprobs=None if mu is None else mu[:, :t1],
-                   context_mask=None if context is None else context[:, :t1])
+                   context_mask=None if context is None else context[:, :t1], episodes=log)
 
 
 def _log_rows(log: EpisodeLog | None, rows: list[int]) -> EpisodeLog | None:
     """The episode log of the given rows (env_time_s stays the round's: the time was spent either way)."""
     if log is None:
         return None
+    early = None if log.early_rewards is None else log.early_rewards[rows]
     return EpisodeLog(log.turns[rows], log.tool_calls[rows], log.tool_errors[rows], log.env_reward[rows],
-                      log.env_tokens[rows], log.env_time_s)
+                      log.env_tokens[rows], log.env_time_s, early)
 
 
-def _join_logs(logs: Sequence[EpisodeLog | None]) -> EpisodeLog | None:
-    """Several rounds' episode logs as one, in order (None unless every round ran episodes)."""
+def _join_logs(logs: Sequence[EpisodeLog | None], width: int) -> EpisodeLog | None:
+    """Several rounds' episode logs as one, in order (None unless every round ran episodes); the early
+    rewards right-padded with 0 to the joined response width."""
     if any(x is None for x in logs):
         return None
     cat = lambda get: torch.cat([get(x) for x in logs])  # noqa: E731
+    early = [x.early_rewards for x in logs]
     return EpisodeLog(cat(lambda x: x.turns), cat(lambda x: x.tool_calls), cat(lambda x: x.tool_errors),
-                      cat(lambda x: x.env_reward), cat(lambda x: x.env_tokens), sum(x.env_time_s for x in logs))
+                      cat(lambda x: x.env_reward), cat(lambda x: x.env_tokens), sum(x.env_time_s for x in logs),
+                      None if any(e is None for e in early) else torch.cat([_pad(e, width, 0.0, False) for e in early]))
 
 
 def select_groups(samples: Samples, scores: Scores, keep: Tensor) -> tuple[Samples, Scores]:
@@ -120,7 +126,7 @@ def join_samples(parts: Sequence[Samples], pad_id: int) -> Samples:
         behaviour_logprobs=None if any(m is None for m in mus) else torch.cat([_pad(m, t, 0.0, False) for m in mus]),
         greedy_completions=None if any(x is None for x in greedy) else tuple(c for x in greedy for c in x),
         context_mask=None if any(c is None for c in contexts) else torch.cat([_pad(c, t, False, False) for c in contexts]),
-        episodes=_join_logs([s.episodes for s in parts]),
+        episodes=_join_logs([s.episodes for s in parts], t),
     )
 
 

@@ -35,7 +35,11 @@ class StepPlan:
 class EpisodeLog:
     """What each of N episodes did (step/episodes.py): turns (N,) assistant turns taken, tool_calls
     and tool_errors (N,) counts, env_reward (N,) float32 Σ of the environment's per-turn rewards,
-    env_tokens (N,) the environment's tokens in the row, env_time_s wall seconds in the environment."""
+    env_tokens (N,) the environment's tokens in the row, env_time_s wall seconds in the environment.
+    early_rewards (N, T) float32, aligned with the response: the environment's reward for each turn
+    but the episode's last, at that turn's last sampled token (0 elsewhere; its row sum is part of
+    env_reward). The last turn's reward stays in the episode's score, on its last token
+    (step/estimate.shape_rewards), so an environment that rewards only the end changes nothing."""
 
     turns: Tensor
     tool_calls: Tensor
@@ -43,6 +47,7 @@ class EpisodeLog:
     env_reward: Tensor
     env_tokens: Tensor
     env_time_s: float
+    early_rewards: Tensor | None = None
 
 
 @dataclass(frozen=True)
