@@ -16,9 +16,10 @@ from typing import Any
 
 from .config import Config, load_config
 from .engines import build_engine
+from .envs import ENVS, EnvSpec, resolve_env
 from .errors import ConfigError
 from .run.actor import load_actor
-from .run.evaluate import evaluate, evaluate_sampled, with_groups
+from .run.evaluate import evaluate, evaluate_episodes, evaluate_sampled, evaluate_sampled_episodes, with_groups
 from .models.load import load_base
 from .models.stack import PolicyStack
 from .models.tokenizer import stop_token_ids
@@ -94,6 +95,7 @@ def eval_model(
     batch_size: int | None = None,
     device: str | None = None,
     show_progress: bool = False,
+    env: str | None = None,
 ) -> dict[str, Any]:
     """Greedy accuracy and mean reward on the task's eval split (first `size` rows; with `dataset`,
     the file's first rows, which may be rows a run trained on: `prompts_from` says which), and with
@@ -101,6 +103,10 @@ def eval_model(
 
     Defaults come from the run's config (or the default config for a plain model): eval.size,
     rollout.max_new_tokens, rollout.temperature, rollout.top_p, eval.batch_size.
+
+    Episodes (docs/environments.md) when an environment applies: `env`, else the run's rollout.env,
+    else the task's own (calc, guess, ta:ENV_ID); rollout.max_turns and the other episode limits come
+    from the run's config. The report then adds turns_mean and tool_calls_per_episode.
     """
     target = load_target(model, device=device, show_progress=show_progress)
     cfg = target.config
@@ -111,6 +117,10 @@ def eval_model(
     n_new = max_new_tokens or cfg.rollout.max_new_tokens
     batch = batch_size or cfg.eval.batch_size
     engine = build_engine(cfg.rollout.engine, stack=target.stack, tokenizer=target.tokenizer, config=cfg)
+    spec = _environment(env, cfg, chosen)
+    if spec is not None:
+        return _eval_episodes(model, target, chosen, rows, engine, spec, dataset=dataset, samples=samples, seed=seed,
+                              temperature=temperature, max_new_tokens=n_new, batch=batch)
     greedy = evaluate(engine, target.tokenizer, rows, chosen.reward, max_new_tokens=n_new,
                       success=chosen.success, batch_size=batch, role=target.role, metrics=chosen.metrics,
                       stop_ids=stop_token_ids(target.tokenizer, target.stack.lm))
@@ -126,6 +136,41 @@ def eval_model(
                                    max_new_tokens=n_new, temperature=temp, top_p=cfg.rollout.top_p, seed=seed,
                                    success=chosen.success, batch_size=batch, role=target.role)
         report["sampled"] = {"samples": samples, "temperature": temp, "seed": seed,
+                             "reward_mean": sampled.reward_mean,
+                             **{f"pass@{k}": v for k, v in sampled.pass_at.items()}}
+    return report
+
+
+def _environment(name: str | None, cfg: Config, task: Task) -> EnvSpec | None:
+    """The environment of the evaluation: --env, else the run's rollout.env, else the task's own."""
+    chosen = name or cfg.rollout.env or task.env
+    if chosen is None:
+        return None
+    return resolve_env(chosen, timeout_s=cfg.rollout.tool_timeout_s) if chosen in ENVS else resolve_env(chosen)
+
+
+def _eval_episodes(model: str, target: EvalTarget, chosen: Task, rows: list[dict[str, Any]], engine: Any,
+                   spec: EnvSpec, *, dataset: str | None, samples: int, seed: int, temperature: float | None,
+                   max_new_tokens: int, batch: int) -> dict[str, Any]:
+    """`eval_model` in episodes: greedy episodes, and K sampled ones per row for pass@k."""
+    cfg = target.config
+    rollout = replace(cfg.rollout, max_new_tokens=max_new_tokens,
+                      temperature=cfg.rollout.temperature if temperature is None else temperature)
+    stop_ids = stop_token_ids(target.tokenizer, target.stack.lm)
+    context = getattr(target.stack.lm.config.get_text_config(), "max_position_embeddings", None)
+    greedy = evaluate_episodes(engine, target.tokenizer, spec, rows, chosen.reward, cfg=rollout, success=chosen.success,
+                               batch_size=batch, metrics=chosen.metrics, stop_ids=stop_ids, context=context,
+                               role=target.role)
+    report: dict[str, Any] = {
+        "model": model, "evaluated": target.label, "task": chosen.name, "env": spec.name, "prompts": len(rows),
+        "prompts_from": f"the first {len(rows)} rows of {dataset}" if dataset is not None else "the held-out split",
+        "greedy": {"accuracy": greedy.accuracy, "reward_mean": greedy.reward_mean, **greedy.metrics},
+    }
+    if samples > 0:
+        sampled = evaluate_sampled_episodes(engine, target.tokenizer, spec, rows, chosen.reward, cfg=rollout,
+                                            samples=samples, seed=seed, success=chosen.success, batch_size=batch,
+                                            stop_ids=stop_ids, context=context, role=target.role)
+        report["sampled"] = {"samples": samples, "temperature": rollout.temperature, "seed": seed,
                              "reward_mean": sampled.reward_mean,
                              **{f"pass@{k}": v for k, v in sampled.pass_at.items()}}
     return report

@@ -177,3 +177,34 @@ def test_dynamic_sampling_trains_only_episode_groups_whose_rewards_differ(tiny_m
         assert all({e["env_reward"] for e in g} == {0.0, 1.0} for g in groups)  # only mixed groups are trained
         assert all(len(e["turns"]) == (5 if e["env_reward"] else len(e["turns"])) for g in groups for e in g)
     assert sum(r["groups_kept"] for r in rows) > 0 and any(r["ds_draws"] > 0 for r in rows)
+
+
+def test_eval_scores_a_run_and_a_plain_model_in_episodes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`llmrl eval` of a run trained in an environment plays its episodes (the run's own environment and
+    limits): the greedy numbers are the run's own final evaluation; a plain model on `--task calc` plays
+    them too (the task's environment) and equals the run's evaluation before training; pass@k samples
+    episodes. `--env` names another environment."""
+    run = tmp_path / "calc"
+    _train(tiny_model_dir, run, "--task", "calc", "--set", "rollout.max_turns=3")
+    summary = json.loads((run / "summary.json").read_text())
+    code, out, err = cli_run(["eval", "--model", str(run), "--samples", "2", "--json"])
+    assert code == 0, (out, err)
+    report = json.loads(out)
+    assert report["env"] == "calculator" and report["prompts"] == 2
+    assert report["greedy"]["accuracy"] == summary["eval_accuracy_after"]
+    assert report["greedy"]["turns_mean"] == summary["eval_turns_mean_after"]
+    assert set(report["sampled"]) >= {"pass@1", "pass@2"} and 0 <= report["sampled"]["pass@1"] <= report["sampled"]["pass@2"]
+    code, out, err = cli_run(["eval", "--model", str(tiny_model_dir), "--task", "calc", "--size", "2", "--samples", "0",
+                              "--json"])
+    assert code == 0, (out, err)
+    plain = json.loads(out)
+    assert plain["env"] == "calculator" and plain["greedy"]["turns_mean"] == summary["eval_turns_mean_before"]
+    env = tmp_path / "echo_env.py"
+    env.write_text(USER_ENV)
+    code, out, err = cli_run(["eval", "--model", str(tiny_model_dir), "--env", f"{env}:Echo", "--size", "4",
+                              "--samples", "0", "--json"])
+    assert code == 0, (out, err)
+    echo = json.loads(out)
+    assert echo["env"] == f"{env}:Echo" and echo["greedy"]["turns_mean"] >= 1 and echo["task"] == "arithmetic"
+    code, out, err = cli_run(["eval", "--model", str(tiny_model_dir), "--env", "nope", "--size", "2"])
+    assert code == 2 and "Environment 'nope' is not a built-in" in err and "Traceback" not in out + err

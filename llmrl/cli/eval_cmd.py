@@ -23,7 +23,8 @@ def render(report: dict[str, Any]) -> Table:
     """The report as a rich table: one row per metric."""
     held_out = report["prompts_from"] == "the held-out split"
     where = f"{report['prompts']} held-out prompts" if held_out else report["prompts_from"]
-    table = Table(title=f"{report['evaluated']} on {report['task']} ({where})")
+    in_env = f" in environment {report['env']}" if report.get("env") else ""
+    table = Table(title=f"{report['evaluated']} on {report['task']}{in_env} ({where})")
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("accuracy (greedy)", _pct(report["greedy"]["accuracy"]))
@@ -37,6 +38,9 @@ def render(report: dict[str, Any]) -> Table:
     for key in (k for k in greedy if "/" in k):  # a mixture's numbers per task
         metric, task = key.split("/", 1)
         table.add_row(f"{metric.replace('_', ' ')} of {task} (greedy)", _pct(greedy[key]))
+    if "turns_mean" in greedy:  # episodes
+        table.add_row("turns per episode (greedy)", f"{greedy['turns_mean']:.2f}")
+        table.add_row("tool calls per episode (greedy)", f"{greedy['tool_calls_per_episode']:.2f}")
     if "eos_rate" in greedy:
         table.add_row("EOS rate (greedy)", _pct(greedy["eos_rate"]))
         table.add_row("response length (greedy, tokens)", f"{greedy['response_len']:.1f}")
@@ -52,7 +56,7 @@ def render(report: dict[str, Any]) -> Table:
 @friendly
 def eval(  # noqa: A001 - the command is called `eval`
     model: str = typer.Option(..., "--model", "-m", help="A run folder (its trained actor), a model folder, a hub id, a .gguf file or 'tiny'."),
-    task: Optional[str] = typer.Option(None, "--task", "-t", help="Task: arithmetic, chat_sum, rg:NAME (reasoning-gym; `llmrl tasks`) or A,B (a mixture). Default: the run's task (or arithmetic)."),
+    task: Optional[str] = typer.Option(None, "--task", "-t", help="Task: arithmetic, chat_sum, calc, guess, rg:NAME (reasoning-gym; `llmrl tasks`), ta:ENV_ID (a TextArena game) or A,B (a mixture). Default: the run's task (or arithmetic)."),
     dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="Score every row of this .jsonl/.csv/.parquet file (or `datasets` hub name) instead of a task."),
     reward: Optional[str] = typer.Option(None, "--reward", help="Reward for --dataset rows: exact_match, numeric, first_number, math, format, length_penalty, module:function or file.py:function. Default: the run's rewards."),
     samples: int = typer.Option(4, "--samples", "-k", help="K sampled completions per prompt for pass@1 and pass@K (0: greedy only)."),
@@ -61,6 +65,7 @@ def eval(  # noqa: A001 - the command is called `eval`
     temperature: Optional[float] = typer.Option(None, "--temperature", help="Sampling temperature. Default: the run's rollout.temperature."),
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Longest completion. Default: the run's rollout.max_new_tokens."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda or auto. Default: the run's model.device."),
+    env: Optional[str] = typer.Option(None, "--env", help="Score in episodes in this environment: calculator, guess, ta:ENV_ID (TextArena), module:Class or file.py:Class. Default: the run's rollout.env or the task's own (calc, guess, ta:ENV_ID)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
 ) -> None:
     """Score a model on held-out prompts (or the first rows of --dataset, which may be rows it trained
@@ -74,7 +79,7 @@ def eval(  # noqa: A001 - the command is called `eval`
     if dataset is not None and task is not None:
         raise ConfigError("Give --task or --dataset, not both.")
     report = eval_model(model, task=task, dataset=dataset, reward=reward, samples=samples, size=size, seed=seed, temperature=temperature,
-                        max_new_tokens=max_new_tokens, device=device, show_progress=not as_json)
+                        max_new_tokens=max_new_tokens, device=device, show_progress=not as_json, env=env)
     if as_json:
         typer.echo(json.dumps(report))
         return

@@ -72,7 +72,7 @@ def evaluate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
                       rows: Sequence[dict[str, Any]], reward_fn: Callable[..., Sequence[float]], *, cfg: RolloutConfig,
                       success: float = 1.0, batch_size: int = 256,
                       metrics: Mapping[str, Callable[..., Sequence[float]]] | None = None,
-                      stop_ids: Sequence[int] = (), context: int | None = None) -> EvalResult:
+                      stop_ids: Sequence[int] = (), context: int | None = None, role: str = "actor") -> EvalResult:
     """`evaluate` in episodes (step/episodes.py): greedy turns in the environment `env`, each episode's
     reward = the task's reward of its last turn + Σ the environment's rewards. Besides the task's
     metrics: eos_rate (the last turn ended with a stop token), response_len (the model's tokens per
@@ -84,7 +84,7 @@ def evaluate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
         chunk = list(rows[start : start + batch_size])
         ep = generate_episodes(engine, tokenizer, env, chunk, torch.arange(start, start + len(chunk)), cfg=one,
                                seed=0, step=0, device=torch.device("cpu"), stop_ids=stop_ids, context=context,
-                               greedy=True)
+                               greedy=True, role=role)
         assert ep.episodes is not None
         completions += ep.completions
         env_rewards.append(ep.episodes.env_reward)
@@ -100,6 +100,36 @@ def evaluate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
     extra.update(eos_rate=float(torch.cat(ended).sum()) / n, response_len=float(torch.cat(lengths).sum()) / n,
                  turns_mean=float(torch.cat(turns).mean()), tool_calls_per_episode=float(torch.cat(calls).mean()))
     return EvalResult(float((rewards >= success).sum()) / n, float(rewards.sum()) / n, completions, extra)
+
+
+@torch.no_grad()
+def evaluate_sampled_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBase, env: EnvSpec,
+                              rows: Sequence[dict[str, Any]], reward_fn: Callable[..., Sequence[float]], *,
+                              cfg: RolloutConfig, samples: int, seed: int = 0, success: float = 1.0,
+                              batch_size: int = 256, stop_ids: Sequence[int] = (), context: int | None = None,
+                              role: str = "actor") -> SampledResult:
+    """`evaluate_sampled` in episodes: K = `samples` sampled episodes per row (cfg's temperature and
+    top_p), keyed by (seed, EVAL_STEP, row, sample, turn) as a training rollout, so the result does not
+    depend on `batch_size`; pass@1 and pass@K over the episodes' rewards (task + environment)."""
+    k_cfg = replace(cfg, num_generations=samples)
+    per = max(1, batch_size // samples)
+    texts: list[str] = []
+    env_rewards = []
+    for start in range(0, len(rows), per):
+        chunk = list(rows[start : start + per])
+        ep = generate_episodes(engine, tokenizer, env, chunk, torch.arange(start, start + len(chunk)), cfg=k_cfg,
+                               seed=seed, step=EVAL_STEP, device=torch.device("cpu"), stop_ids=stop_ids,
+                               context=context, role=role)
+        assert ep.episodes is not None
+        texts += ep.completions
+        env_rewards.append(ep.episodes.env_reward)
+    expanded = [r for r in rows for _ in range(samples)]
+    rewards = score_texts(reward_fn, expanded, texts) + torch.cat(env_rewards) if rows else torch.zeros(0)
+    correct = (rewards >= success).view(len(rows), samples).sum(1).tolist() if rows else []
+    ks = sorted({1, samples})
+    pass_at = {k: sum(pass_at_k(samples, c, k) for c in correct) / max(len(rows), 1) for k in ks}
+    grouped = [texts[i * samples : (i + 1) * samples] for i in range(len(rows))]
+    return SampledResult(samples, correct, float(rewards.double().mean()) if rows else 0.0, pass_at, grouped)
 
 
 def per_group(rows: Sequence[dict[str, Any]], completions: Sequence[str], reward_fn: Callable[..., Sequence[float]], *,

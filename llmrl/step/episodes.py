@@ -92,10 +92,12 @@ def _checked_step(spec: EnvSpec, env: Any, episode: int, text: str, calls: list,
 def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBase, spec: EnvSpec,
                       rows: Sequence[dict[str, Any]], prompt_index: Tensor, *, cfg: RolloutConfig, seed: int, step: int,
                       device: torch.device, stop_ids: Sequence[int], logprobs: bool = False,
-                      first_sample: int = 0, context: int | None = None, greedy: bool = False) -> Samples:
+                      first_sample: int = 0, context: int | None = None, greedy: bool = False,
+                      role: str = "actor") -> Samples:
     """G = cfg.num_generations episodes from each of the B `rows` (arguments as `generate.generate`).
     `context`: the model's context window; an episode also ends where prompt + response would pass it.
-    `greedy`: every turn decoded greedily (evaluation; the keys still seed `reset`)."""
+    `greedy`: every turn decoded greedily (evaluation; the keys still seed `reset`). `role`: the policy
+    that acts ('reference': the plain model, `llmrl eval` of a model)."""
     g, pad = cfg.num_generations, tokenizer.pad_token_id
     index = prompt_index.repeat_interleave(g)
     keys = row_keys(seed, step, index, torch.arange(first_sample, first_sample + g).repeat(len(rows)))
@@ -125,7 +127,7 @@ def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
         settings = SamplingSettings(max(room.values()), cfg.temperature, cfg.top_p)
         gen = engine.generate(GenerationRequest(batch_ids, batch_mask, 1, settings,
                                                 None if greedy else turn_keys(keys[live], turn), logprobs=logprobs,
-                                                room=torch.tensor([room[i] for i in live], dtype=torch.long)))
+                                                role=role, room=torch.tensor([room[i] for i in live], dtype=torch.long)))
         for j, i in enumerate(live):
             sampled = gen.response_ids[j][gen.response_mask[j]].tolist()[: room[i]]
             ids[i] += sampled
