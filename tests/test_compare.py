@@ -289,3 +289,25 @@ def test_a_failed_run_stops_the_compare_and_a_rerun_resumes_it(tiny_model_dir: P
     assert code == 0, stderr
     assert "reinforce-seed0: resuming" in stdout
     assert [r["step"] for r in read_run(tmp_path / "c" / "reinforce-seed0").metrics] == [1, 2]
+
+
+def test_compare_runs_algorithms_in_an_environment(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`llmrl compare --task calc`: every run plays episodes in the calculator environment on the same
+    prompts, and the summary carries the episode numbers side by side."""
+    out = tmp_path / "cmp"
+    sets = [f"model.name={tiny_model_dir}", "task=calc", "rollout.prompts_per_step=4", "rollout.num_generations=2",
+            "rollout.max_turns=3", "rollout.max_new_tokens=6", "update.minibatch_size=4", "eval.size=2",
+            "threads=1"]
+    code, stdout, stderr = _compare("--algos", "ppo,grpo", "--seeds", "0", "--steps", "2", "--out", str(out),
+                                    *[a for s in sets for a in ("--set", s)])
+    assert code == 0, stderr
+    runs = sorted(p for p in out.iterdir() if (p / "metrics.jsonl").is_file())
+    assert len(runs) == 2
+    digests = []
+    for run in runs:
+        rows = _metrics(run)
+        assert [r["step"] for r in rows] == [1, 2] and all(r["turns_mean"] >= 1 for r in rows)
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["eval_turns_mean_after"] >= 1
+        digests.append([r["prompt_digest"] for r in rows])
+    assert digests[0] == digests[1]  # identical prompts, step by step
