@@ -113,8 +113,8 @@ def test_the_guessing_game_answers_higher_or_lower_and_ends_on_the_secret() -> N
 
     game = resolve_env("guess", timeout_s=5.0).make()
     assert isinstance(game, Guess) and game.tools() is None
-    row = {"prompt": "Guess my number (20 to 29).", "answer": "23", "low": 20, "high": 29}
-    assert game.reset(row, 0) == [{"role": "user", "content": "Guess my number (20 to 29)."}]
+    row = {"prompt": "Guess: 20 to 29.", "answer": "23", "low": 20, "high": 29}
+    assert game.reset(row, 0) == [{"role": "user", "content": "Guess: 20 to 29."}]
     assert game.step("25", []) == EnvStep([{"role": "user", "content": "Lower."}])
     assert game.step("I guess 21, or 22", []) == EnvStep([{"role": "user", "content": "Higher."}])  # the first number
     assert game.step("no idea", []) == EnvStep([{"role": "user", "content": "Reply with one number from 20 to 29."}])

@@ -254,3 +254,29 @@ def test_a_template_that_cannot_render_the_answer_names_the_environment() -> Non
                                         r"\(TemplateError: no tool role here\) \(episode 0\)\."):
         generate_episodes(engine, tok, resolve_env("calculator"), [{"prompt": "x"}], torch.tensor([0]),
                           cfg=RolloutConfig(max_new_tokens=80), seed=0, step=0, device=CPU, stop_ids=[end])
+
+
+def test_a_template_without_tools_gets_them_in_a_system_message() -> None:
+    """SmolLM2's template ignores `tools=`: the tools and the Hermes call format then come in a system
+    message (merged into one the episode opens with); a template that shows tools gets no second copy."""
+    from llmrl.envs.calculator import calculator
+    from llmrl.envs.render import prompt_ids, template_shows_tools
+    from transformers.utils import get_json_schema
+
+    tools = [get_json_schema(calculator)]
+    tok = chat_tokenizer()
+    assert template_shows_tools(tok)
+    shown = tok.decode(prompt_ids(tok, [{"role": "user", "content": "347*28="}], tools))
+    assert shown.count('"calculator"') == 1 and "# Tools" not in shown  # the template's own rendering only
+    plain = chat_tokenizer()
+    plain.chat_template = ("{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+                           "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    assert not template_shows_tools(plain)
+    text = plain.decode(prompt_ids(plain, [{"role": "user", "content": "347*28="}], tools))
+    assert text.startswith("<|im_start|>system\n# Tools\n") and text.endswith("<|im_start|>user\n347*28=<|im_end|>\n"
+                                                                             "<|im_start|>assistant\n")
+    assert '"name": "calculator"' in text and "<tool_call></tool_call> XML tags" in text
+    merged = plain.decode(prompt_ids(plain, [{"role": "system", "content": "Be brief."},
+                                             {"role": "user", "content": "347*28="}], tools))
+    assert merged.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n") and merged.count("<|im_start|>system") == 1
+    assert plain.decode(prompt_ids(plain, [{"role": "user", "content": "hi"}], None)).startswith("<|im_start|>user")

@@ -32,11 +32,11 @@ def guessed(prompts: Sequence[Any], completions: Sequence[str], answer: Sequence
 
 def in_range(prompts: Sequence[Any], completions: Sequence[str], low: Sequence[Any], high: Sequence[Any],
              **_: Any) -> list[float]:
-    """1.0 when the completion is one whole number from `low` to `high` and nothing else ('24', ' 24.'),
+    """1.0 when the completion is one whole number from `low` to `high` and nothing else ('24', '[24]', ' 24.'),
     else 0.0: a shaping term for chat models that answer in sentences (recipes/smollm2-135m-guess.yaml)."""
     out = []
     for c, lo, hi in zip(completions, low, high, strict=True):
-        match = re.fullmatch(r"\s*(\d{1,30})\.?\s*", c)
+        match = re.fullmatch(r"\s*\[?(\d{1,30})\]?\.?\s*", c)
         out.append(1.0 if match and int(lo) <= int(match.group(1)) <= int(hi) else 0.0)
     return out
 

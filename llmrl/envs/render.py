@@ -1,6 +1,8 @@
 """An episode's messages → token ids, without ever re-tokenizing what the model sampled.
 
-    prompt     apply_chat_template(opening messages, tools=…, add_generation_prompt=True) → ids
+    prompt     apply_chat_template(opening messages, tools=…, add_generation_prompt=True) → ids; a template
+               that ignores `tools=` (SmolLM2's, Llama 2's) gets them from a system message instead, in
+               the Hermes format the calls are parsed in (`with_tool_instructions`)
     env turn   the environment's messages rendered in the template's turn format and tokenized alone:
                the text the template puts after an assistant turn's stop token (e.g. Qwen's '\n' after
                <|im_end|>) + the messages' turns + the next assistant header; appended as they are
@@ -23,6 +25,30 @@ from ..models.prompts import tokenize_prompts, uses_chat
 from .base import Message
 
 _PROBE = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "\x00probe\x00"}]
+_TOOL_PROBE = [{"type": "function", "function": {"name": "llmrl_probe_tool_7f3a", "description": "", "parameters": {}}}]
+TOOL_INSTRUCTIONS = (
+    "# Tools\n\nYou may call one or more functions to help with the user's request. Their signatures are "
+    "within <tools></tools> XML tags:\n<tools>\n{schemas}\n</tools>\n\nFor each call, write a JSON object with "
+    "the function's name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+)
+
+
+def template_shows_tools(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the chat template renders `tools=` at all (a probe schema's name appears in its text)."""
+    text = tokenizer.apply_chat_template(_PROBE[:1], tools=_TOOL_PROBE, add_generation_prompt=True, tokenize=False)
+    return "llmrl_probe_tool_7f3a" in text
+
+
+def with_tool_instructions(messages: list[Message], tools: Sequence[dict[str, Any]]) -> list[Message]:
+    """The messages with the tools described in a system message (Hermes format, as Qwen2.5's template
+    writes them), merged into a leading system message when there is one."""
+    import json
+
+    note = TOOL_INSTRUCTIONS.format(schemas="\n".join(json.dumps(t) for t in tools))
+    if messages and messages[0].get("role") == "system":
+        return [{**messages[0], "content": f"{messages[0]['content']}\n\n{note}"}, *messages[1:]]
+    return [{"role": "system", "content": note}, *messages]
 
 
 def call_format(tokenizer: PreTrainedTokenizerBase) -> str:
@@ -31,11 +57,14 @@ def call_format(tokenizer: PreTrainedTokenizerBase) -> str:
 
 
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[Message], tools: Sequence[dict[str, Any]] | None) -> list[int]:
-    """The episode's prompt ids: the chat template with `tools=`, or a plain prompt's tokens."""
+    """The episode's prompt ids: the chat template with `tools=` (or, where it ignores them, with the
+    tools in a system message), or a plain prompt's tokens."""
     if not uses_chat(tokenizer):
         if len(messages) != 1 or messages[0].get("role") != "user":
             raise ConfigError("Without a chat template an episode opens with one user message; use a chat model.")
         return list(tokenize_prompts(tokenizer, [messages[0]["content"]]).input_ids[0])
+    if tools and not template_shows_tools(tokenizer):
+        messages = with_tool_instructions(messages, tools)
     text = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=False)
     return list(tokenizer(text, add_special_tokens=False).input_ids)
 

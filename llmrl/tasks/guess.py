@@ -1,7 +1,7 @@
 """A number-guessing game over several turns (the built-in `guess` environment, envs/guess.py).
 
 Each row is a range of ten whole numbers [low, low + 9], 1 ≤ low ≤ 90, and a secret in it; the prompt
-states the range ("Guess my number (20 to 29)."), the environment answers every wrong guess "Higher." or "Lower.", and
+states the rules and the range (`prompt`), the environment answers every wrong guess "Higher." or "Lower.", and
 the reward (`envs.guess.guessed`) is 1.0 when the episode's last guess is the secret. The (low, secret)
 pairs are all 900 of them in an order fixed by seed 1234 (independent of the run's seed), the first
 EVAL_SIZE held out, so train and held-out games are disjoint.
@@ -18,8 +18,12 @@ WIDTH = 10
 
 
 def prompt(low: int, high: int) -> str:
-    """Short, because the built-in tiny model's context is 64 tokens (about 3 turns of it fit)."""
-    return f"Guess my number ({low} to {high})."
+    """The game's rules for a chat model: SmolLM2-135M-Instruct answers this one with a bracketed
+    number and a stop token 14 times in 64 at temperature 0.7, against 3 in 64 for the bare "Guess my
+    number (20 to 29)." (docs/environments.md). The built-in tiny model cannot play (its vocabulary is
+    digits and + - * = ( ), its context 64 tokens)."""
+    return (f"We are playing Guess The Number. The number is between {low} and {high}. I will say higher or "
+            f"lower. Reply with your guess in square brackets, for example [{low + 2}].")
 
 
 def splits(eval_size: int = EVAL_SIZE) -> tuple[list[dict], list[dict]]:
