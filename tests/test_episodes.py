@@ -280,3 +280,33 @@ def test_a_template_without_tools_gets_them_in_a_system_message() -> None:
                                              {"role": "user", "content": "347*28="}], tools))
     assert merged.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n") and merged.count("<|im_start|>system") == 1
     assert plain.decode(prompt_ids(plain, [{"role": "user", "content": "hi"}], None)).startswith("<|im_start|>user")
+
+
+def test_the_idle_share_counts_the_slots_a_turn_waits_on_its_longest_answer() -> None:
+    """Turn 1: answers of 1 and 3 tokens (the batch decodes 3 slots for each of 2 rows), turn 2: 2 and 2.
+    slots = 2·3 + 2·2 = 10, the model's tokens 1 + 3 + 2 + 2 = 8: decode_idle_share = 1 − 8/10 = 0.2."""
+    from llmrl.step.episodes import episode_stats
+
+    tok = chat_tokenizer()
+    end, a = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("a")
+
+    @dataclass
+    class Ragged:
+        lengths: list[list[int]]
+        calls: int = 0
+        name: str = "ragged"
+        own_weights: bool = False
+
+        def generate(self, request: GenerationRequest) -> Generation:
+            lengths = self.lengths[self.calls]
+            self.calls += 1
+            width = max(lengths)
+            ids = torch.tensor([[a] * (k - 1) + [end] + [0] * (width - k) for k in lengths])
+            return Generation(ids, torch.tensor([[True] * k + [False] * (width - k) for k in lengths]))
+
+    cfg = RolloutConfig(max_new_tokens=8, max_turns=2, num_generations=1)
+    samples = generate_episodes(Ragged([[1, 3], [2, 2]]), tok, EnvSpec("answer", Answer),
+                                [{"prompt": "x"}, {"prompt": "y"}], torch.tensor([0, 1]), cfg=cfg, seed=0, step=0,
+                                device=CPU, stop_ids=[end])
+    assert samples.episodes.decode_slots == 10 and samples.response_mask.sum().item() == 8
+    assert episode_stats(samples)["decode_idle_share"] == pytest.approx(0.2, abs=1e-12)

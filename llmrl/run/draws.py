@@ -129,8 +129,12 @@ def _episodes(s: Session, step: int, rows: list[dict[str, Any]], index: torch.Te
 
 
 def _episode_stats(stream: Samples, rounds: list[Samples]) -> dict[str, Any]:
-    """Episodes: the stream's prompts' episode metrics (round 0, as `reward_mean`), with env_time_s
-    summed over every round's episodes; {} for one-turn samples."""
+    """Episodes: the stream's prompts' episode metrics (round 0, as `reward_mean`), with env_time_s and
+    decode_idle_share over every round's episodes (the time and slots were spent on all of them); {} for
+    one-turn samples."""
     if stream.episodes is None:
         return {}
-    return {**episode_stats(stream), "env_time_s": sum(r.episodes.env_time_s for r in rounds if r.episodes is not None)}
+    logs = [(r.episodes, float(r.response_mask.sum())) for r in rounds if r.episodes is not None]
+    slots = sum(log.decode_slots for log, _ in logs)
+    return {**episode_stats(stream), "env_time_s": sum(log.env_time_s for log, _ in logs),
+            "decode_idle_share": 1.0 - sum(acted for _, acted in logs) / slots if slots else 0.0}

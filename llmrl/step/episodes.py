@@ -116,6 +116,7 @@ def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
     turns, calls_n, errors_n, env_tokens = [0] * n, [0] * n, [0] * n, [0] * n
     env_reward, env_time, lp_dtype = [0.0] * n, 0.0, torch.float32
     turn_rewards: list[list[tuple[int, float]]] = [[] for _ in range(n)]  # (the turn's last token, its reward)
+    slots = 0  # Σ_turns live episodes × the turn's longest sampled run
     caps = [min(x for x in (cfg.max_episode_tokens, None if context is None else context - len(p)) if x is not None)
             if cfg.max_episode_tokens is not None or context is not None else None for p in prompts]
     for turn in range(cfg.max_turns):
@@ -128,6 +129,7 @@ def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
         gen = engine.generate(GenerationRequest(batch_ids, batch_mask, 1, settings,
                                                 None if greedy else turn_keys(keys[live], turn), logprobs=logprobs,
                                                 role=role, room=torch.tensor([room[i] for i in live], dtype=torch.long)))
+        slots += len(live) * min(int(gen.response_mask.sum(-1).max()) if len(live) else 0, max(room.values()))
         for j, i in enumerate(live):
             sampled = gen.response_ids[j][gen.response_mask[j]].tolist()[: room[i]]
             ids[i] += sampled
@@ -174,7 +176,7 @@ def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
                 early[i, at] += r
     log = EpisodeLog(torch.tensor(turns), torch.tensor(calls_n), torch.tensor(errors_n),
                      torch.tensor(env_reward, dtype=torch.float32), torch.tensor(env_tokens), env_time,
-                     early.to(device))
+                     early.to(device), slots)
     return Samples(
         rows=tuple(rows), prompt_ids=p_ids.to(device), prompt_mask=p_mask.to(device),
         response_ids=right_pad(ids, pad, torch.long).to(device), response_mask=action.to(device), group_size=g,
@@ -187,14 +189,19 @@ def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
 def episode_stats(samples: Samples) -> dict[str, float]:
     """The step's episode metrics: turns_mean, tool_calls_per_episode, tool_error_rate (failed calls /
     calls), episode_tokens (response tokens per episode, the model's and the environment's),
-    masked_token_frac (the environment's share of them), env_reward_mean, env_time_s."""
+    masked_token_frac (the environment's share of them), env_reward_mean, env_time_s, and
+    decode_idle_share = 1 − (the model's tokens) / (decode slots): the share of the engine's decoding
+    spent on rows of a turn's batch that had already stopped while its longest answer went on. An
+    episode that ended leaves the batch at the next turn, so finished episodes cost no slot."""
     log = samples.episodes
     assert log is not None and samples.context_mask is not None
     calls, real = float(log.tool_calls.sum()), float(samples.context_mask.sum())
+    acted = float(samples.response_mask.sum())
     return {"turns_mean": log.turns.float().mean().item(), "tool_calls_per_episode": calls / samples.n,
             "tool_error_rate": float(log.tool_errors.sum()) / calls if calls else 0.0,
             "episode_tokens": real / samples.n, "masked_token_frac": float(log.env_tokens.sum()) / real if real else 0.0,
-            "env_reward_mean": log.env_reward.mean().item(), "env_time_s": log.env_time_s}
+            "env_reward_mean": log.env_reward.mean().item(), "env_time_s": log.env_time_s,
+            "decode_idle_share": 1.0 - acted / log.decode_slots if log.decode_slots else 0.0}
 
 
 def episode_view(tokenizer: PreTrainedTokenizerBase, samples: Samples, i: int) -> dict[str, Any]:

@@ -62,7 +62,7 @@ def _log_rows(log: EpisodeLog | None, rows: list[int]) -> EpisodeLog | None:
         return None
     early = None if log.early_rewards is None else log.early_rewards[rows]
     return EpisodeLog(log.turns[rows], log.tool_calls[rows], log.tool_errors[rows], log.env_reward[rows],
-                      log.env_tokens[rows], log.env_time_s, early)
+                      log.env_tokens[rows], log.env_time_s, early, log.decode_slots)
 
 
 def _join_logs(logs: Sequence[EpisodeLog | None], width: int) -> EpisodeLog | None:
@@ -74,7 +74,8 @@ def _join_logs(logs: Sequence[EpisodeLog | None], width: int) -> EpisodeLog | No
     early = [x.early_rewards for x in logs]
     return EpisodeLog(cat(lambda x: x.turns), cat(lambda x: x.tool_calls), cat(lambda x: x.tool_errors),
                       cat(lambda x: x.env_reward), cat(lambda x: x.env_tokens), sum(x.env_time_s for x in logs),
-                      None if any(e is None for e in early) else torch.cat([_pad(e, width, 0.0, False) for e in early]))
+                      None if any(e is None for e in early) else torch.cat([_pad(e, width, 0.0, False) for e in early]),
+                      sum(x.decode_slots for x in logs))
 
 
 def select_groups(samples: Samples, scores: Scores, keep: Tensor) -> tuple[Samples, Scores]:

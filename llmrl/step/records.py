@@ -39,7 +39,9 @@ class EpisodeLog:
     early_rewards (N, T) float32, aligned with the response: the environment's reward for each turn
     but the episode's last, at that turn's last sampled token (0 elsewhere; its row sum is part of
     env_reward). The last turn's reward stays in the episode's score, on its last token
-    (step/estimate.shape_rewards), so an environment that rewards only the end changes nothing."""
+    (step/estimate.shape_rewards), so an environment that rewards only the end changes nothing.
+    decode_slots: Σ over turns of (episodes still playing × the turn's longest sampled run): the token
+    slots the engine decoded, of which the model's tokens are the used ones (`episode_stats`' idle share)."""
 
     turns: Tensor
     tool_calls: Tensor
@@ -48,6 +50,7 @@ class EpisodeLog:
     env_tokens: Tensor
     env_time_s: float
     early_rewards: Tensor | None = None
+    decode_slots: int = 0
 
 
 @dataclass(frozen=True)
