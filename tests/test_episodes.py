@@ -310,3 +310,20 @@ def test_the_idle_share_counts_the_slots_a_turn_waits_on_its_longest_answer() ->
                                 device=CPU, stop_ids=[end])
     assert samples.episodes.decode_slots == 10 and samples.response_mask.sum().item() == 8
     assert episode_stats(samples)["decode_idle_share"] == pytest.approx(0.2, abs=1e-12)
+
+
+def test_the_plain_call_format_serves_a_chat_model_that_writes_no_json() -> None:
+    """rollout.tool_format=plain with a chat template: the tool is explained in a system message (not
+    through the template's tools=, whose words would ask for JSON), and a turn ending in '=' calls it."""
+    tok = chat_tokenizer()
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    engine = ScriptedEngine([[*char_ids(tok, "12*3="), end], [*char_ids(tok, "36"), end]])
+    cfg = RolloutConfig(max_new_tokens=20, max_turns=3, num_generations=1, tool_format="plain")
+    samples = generate_episodes(engine, tok, resolve_env("calculator"), [{"prompt": "What is 12*3?", "answer": "36"}],
+                                torch.tensor([0]), cfg=cfg, seed=0, step=0, device=CPU, stop_ids=[end])
+    prompt = tok.decode(samples.prompt_ids[0])
+    assert prompt.startswith("<|im_start|>system\nYou have a calculator-style tool, calculator: ")
+    assert "ending in '=' (for example: 12*34=)" in prompt and "Tools: " not in prompt  # not the template's JSON
+    view = episode_view(tok, samples, 0)
+    assert [t["by"] for t in view["turns"]] == ["model", "env", "model"] and view["tool_calls"] == 1
+    assert "<tool_response>36</tool_response>" in view["turns"][1]["text"] and samples.completions == ("36",)

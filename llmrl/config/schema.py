@@ -114,6 +114,11 @@ class RolloutConfig:
         None, "with an environment: an episode ends once its response (the model's and the environment's tokens "
         "after the prompt) reaches this many tokens; null: only max_turns × max_new_tokens bounds the model's part",
         min=1, max=1_000_000)
+    tool_format: str = opt(
+        "auto", "with a tool environment: how the model writes a call. hermes: <tool_call>{json}</tool_call>, the "
+        "tools offered through the chat template (or a system message); plain: a turn that ends in '=' calls the "
+        "only tool with the text before it, explained in a system message (small chat models that write no "
+        "JSON); auto: hermes with a chat template, plain without", choices=("auto", "hermes", "plain"))
     tool_timeout_s: float = opt(5.0, "with a tool environment: seconds one tool call may run before it counts "
                                 "as failed (the model reads the error)", gt=0, max=3600)
     env_timeout_s: float = opt(60.0, "with an environment: seconds one reset or step may run before the run stops "

@@ -26,6 +26,10 @@ from .base import Message
 
 _PROBE = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "\x00probe\x00"}]
 _TOOL_PROBE = [{"type": "function", "function": {"name": "llmrl_probe_tool_7f3a", "description": "", "parameters": {}}}]
+PLAIN_INSTRUCTIONS = (
+    "You have a calculator-style tool, {name}: {description} To use it, reply with its input alone, ending "
+    "in '=' (for example: {example}=), and it answers with the result. Any other reply is your final answer."
+)
 TOOL_INSTRUCTIONS = (
     "# Tools\n\nYou may call one or more functions to help with the user's request. Their signatures are "
     "within <tools></tools> XML tags:\n<tools>\n{schemas}\n</tools>\n\nFor each call, write a JSON object with "
@@ -40,30 +44,44 @@ def template_shows_tools(tokenizer: PreTrainedTokenizerBase) -> bool:
     return "llmrl_probe_tool_7f3a" in text
 
 
-def with_tool_instructions(messages: list[Message], tools: Sequence[dict[str, Any]]) -> list[Message]:
-    """The messages with the tools described in a system message (Hermes format, as Qwen2.5's template
-    writes them), merged into a leading system message when there is one."""
+def with_tool_instructions(messages: list[Message], tools: Sequence[dict[str, Any]], fmt: str = "hermes") -> list[Message]:
+    """The messages with the tools described in a system message — Hermes: the schemas and the call format,
+    as Qwen2.5's template writes them; plain: the only tool and 'reply with its input ending in =' —
+    merged into a leading system message when there is one."""
     import json
 
-    note = TOOL_INSTRUCTIONS.format(schemas="\n".join(json.dumps(t) for t in tools))
+    if fmt == "plain":
+        fn = tools[0].get("function", tools[0])
+        note = PLAIN_INSTRUCTIONS.format(name=fn.get("name", "tool"), description=fn.get("description", "").strip(),
+                                         example="12*34")
+    else:
+        note = TOOL_INSTRUCTIONS.format(schemas="\n".join(json.dumps(t) for t in tools))
     if messages and messages[0].get("role") == "system":
         return [{**messages[0], "content": f"{messages[0]['content']}\n\n{note}"}, *messages[1:]]
     return [{"role": "system", "content": note}, *messages]
 
 
-def call_format(tokenizer: PreTrainedTokenizerBase) -> str:
-    """The tool-call format a model writes: 'hermes' with a chat template, 'plain' without (envs/tools.py)."""
+def call_format(tokenizer: PreTrainedTokenizerBase, setting: str = "auto") -> str:
+    """The tool-call format a model writes (envs/tools.py): `setting` (rollout.tool_format) when it names
+    one, else 'hermes' with a chat template and 'plain' without."""
+    if setting != "auto":
+        return setting
     return "hermes" if uses_chat(tokenizer) else "plain"
 
 
-def prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[Message], tools: Sequence[dict[str, Any]] | None) -> list[int]:
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[Message], tools: Sequence[dict[str, Any]] | None,
+               fmt: str | None = None) -> list[int]:
     """The episode's prompt ids: the chat template with `tools=` (or, where it ignores them, with the
-    tools in a system message), or a plain prompt's tokens."""
+    tools in a system message), or a plain prompt's tokens. `fmt` 'plain' with a chat template: the
+    tools are explained in a system message and not passed to the template (whose own words would ask
+    for JSON calls)."""
     if not uses_chat(tokenizer):
         if len(messages) != 1 or messages[0].get("role") != "user":
             raise ConfigError("Without a chat template an episode opens with one user message; use a chat model.")
         return list(tokenize_prompts(tokenizer, [messages[0]["content"]]).input_ids[0])
-    if tools and not template_shows_tools(tokenizer):
+    if tools and fmt == "plain":
+        messages, tools = with_tool_instructions(messages, tools, "plain"), None
+    elif tools and not template_shows_tools(tokenizer):
         messages = with_tool_instructions(messages, tools)
     text = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=False)
     return list(tokenizer(text, add_special_tokens=False).input_ids)

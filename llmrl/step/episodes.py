@@ -101,14 +101,14 @@ def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
     g, pad = cfg.num_generations, tokenizer.pad_token_id
     index = prompt_index.repeat_interleave(g)
     keys = row_keys(seed, step, index, torch.arange(first_sample, first_sample + g).repeat(len(rows)))
-    n, fmt = len(index), call_format(tokenizer)
+    n, fmt = len(index), call_format(tokenizer, cfg.tool_format)
     envs, prompts, tools = [], [], None
     for i in range(n):
         env = spec.make()
         opening = _call(spec, "reset", lambda: env.reset(rows[i // g], int(keys[i])), i, cfg.env_timeout_s)
         tools = offered_tools(env)
         envs.append(env)
-        prompts.append(prompt_ids(tokenizer, opening, tools))
+        prompts.append(prompt_ids(tokenizer, opening, tools, fmt))
     ids: list[list[int]] = [[] for _ in range(n)]
     acted: list[list[bool]] = [[] for _ in range(n)]
     lps: list[list[float]] = [[] for _ in range(n)]
