@@ -129,7 +129,7 @@ def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
         gen = engine.generate(GenerationRequest(batch_ids, batch_mask, 1, settings,
                                                 None if greedy else turn_keys(keys[live], turn), logprobs=logprobs,
                                                 role=role, room=torch.tensor([room[i] for i in live], dtype=torch.long)))
-        slots += len(live) * min(int(gen.response_mask.sum(-1).max()) if len(live) else 0, max(room.values()))
+        slots += len(live) * min(int(gen.response_mask.sum(-1).max()), max(room.values()))
         for j, i in enumerate(live):
             sampled = gen.response_ids[j][gen.response_mask[j]].tolist()[: room[i]]
             ids[i] += sampled
