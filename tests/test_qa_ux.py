@@ -77,7 +77,7 @@ def test_the_built_in_default_run_is_unchanged() -> None:
                               "top_p": 1.0, "filter_groups": False, "filter_on": "reward", "max_draws": 0, "oversample": 0,
                               "filter_scale": False,
                               "generation_logprobs": True, "env": None, "max_turns": 4, "max_episode_tokens": None,
-                              "tool_timeout_s": 5.0, "env_timeout_s": 60.0}
+                              "tool_format": "auto", "tool_timeout_s": 5.0, "env_timeout_s": 60.0}
     assert ppo["update"]["minibatch_size"] == 256 and ppo["update"]["lr_actor"] == 1e-3
     assert ppo["update"]["lr_schedule"] == "constant" and ppo["update"]["warmup_steps"] == 0
     assert ppo["lora"]["r"] == 8 and ppo["lora"]["modules_to_save"] == ["norm"]
