@@ -65,3 +65,21 @@ def test_episodes_size_the_context_to_their_budget_within_the_models_window() ->
     assert episode_budget(capped.rollout) == 50 and vm.context_tokens(capped, 40, 50, SMOLLM2) == 90
     small = LlamaConfig(**{**SMOLLM2.to_dict(), "max_position_embeddings": 200})
     assert vm.context_tokens(cfg, 40, budget, small) == 200  # never past the model's window
+
+
+def test_the_cpu_step_budget_holds_every_rows_prefill_whole() -> None:
+    # 16 prompts × 4 samples = 64 rows at L = 100 + 8: 6 912 tokens > vLLM's 4 096, so the budget is set
+    cfg = _config("rollout.prompts_per_step=16", "rollout.num_generations=4", "rollout.max_new_tokens=8",
+                  "update.minibatch_size=8", "eval.batch_size=16")
+    assert vm.batched_tokens(cfg, 108) == 6912
+    # an evaluation batch wider than a step counts (100 rows × 108), capped by engine.max_num_seqs (80)
+    wide = _config("rollout.prompts_per_step=16", "rollout.num_generations=4", "update.minibatch_size=8",
+                   "eval.batch_size=100")
+    assert vm.batched_tokens(wide, 108) == 10_800
+    capped = _config("rollout.prompts_per_step=16", "rollout.num_generations=4", "update.minibatch_size=8",
+                     "eval.batch_size=100", "engine.max_num_seqs=80")
+    assert vm.batched_tokens(capped, 108) == 8640
+    # rows that fit vLLM's default (8 × 72 = 576) or an unknown context: vLLM's own default
+    small = _config("rollout.prompts_per_step=2", "rollout.num_generations=4", "update.minibatch_size=8",
+                    "eval.batch_size=8")
+    assert vm.batched_tokens(small, 72) is None and vm.batched_tokens(cfg, None) is None

@@ -258,6 +258,8 @@ def _llm_settings(config: Any, source: str, device: torch.device, dtype: torch.d
     else:
         settings["kv_cache_memory_bytes"] = vllm_memory.kv_cache_bytes(config, text_config, dtype, longest_prompt,
                                                                        response_tokens)
+        if budget := vllm_memory.batched_tokens(config, length):  # no split prefill: see batched_tokens
+            settings["max_num_batched_tokens"] = budget
     if e.sync == "adapter":
         settings.update(enable_lora=True, max_lora_rank=lora_rank, max_loras=1)
     if world_from_env()[1] > 1:  # torchrun / --nproc: an engine per process, in the run's process group

@@ -32,6 +32,7 @@ import torch
 BLOCK = 128
 HEADROOM = 1.25
 FALLBACK_BYTES = 2**30
+DEFAULT_BATCHED_TOKENS = 4096  # vLLM's max_num_batched_tokens when llmrl sets none
 
 
 def bytes_per_token(text_config: Any, dtype: torch.dtype) -> int:
@@ -73,3 +74,16 @@ def kv_cache_bytes(config: Any, text_config: Any, dtype: torch.dtype, longest_pr
         return FALLBACK_BYTES
     padded = math.ceil(length / BLOCK) * BLOCK
     return int(HEADROOM * rows_at_once(config) * padded * bytes_per_token(text_config, dtype))
+
+
+def batched_tokens(config: Any, length: int | None) -> int | None:
+    """vLLM's per-step token budget on the CPU: enough for the prefill of every row it may hold at once
+    (a step's rows or an evaluation batch, at most engine.max_num_seqs) at the context L, so that no
+    request's prefill is split. vLLM rewinds a split, seeded request's generator
+    (`gen.set_offset(gen.get_offset() - 4)`), which a CPU `torch.Generator` cannot do: a step of 64 rows of
+    72 prompt tokens failed with 'CPU Generator does not use offset' under the default 4 096 tokens.
+    None (vLLM's default) when L is not known or the rows fit in the default."""
+    if length is None:
+        return None
+    rows = min(max(rows_at_once(config), config.eval.batch_size), config.engine.max_num_seqs)
+    return rows * length if rows * length > DEFAULT_BATCHED_TOKENS else None

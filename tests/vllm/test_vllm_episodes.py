@@ -118,3 +118,35 @@ def test_train_runs_an_environment_on_the_vllm_engine(warm_tiny_dir, tmp_path: P
     # both sides, so the two log-probs agree to rounding and the importance weights are 1
     assert all(r["is_logprob_diff_max"] < 1e-4 and abs(r["is_weight_mean"] - 1) < 1e-4 for r in rows)
     assert rows[0]["engine_sync_mb"] > 0 or rows[1]["engine_sync_mb"] > 0
+
+
+def test_a_step_whose_prompts_pass_vllms_token_budget_is_not_split(tmp_path: Path) -> None:
+    """64 seeded requests of ~100 prompt tokens (> vLLM's default 4 096-token step budget): with the
+    budget left at its default, vLLM splits the prefill and rewinds each split request's CPU generator,
+    which raises 'CPU Generator does not use offset'; llmrl sizes the budget to rows × context."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from llmrl.engines import GenerationRequest, SamplingSettings
+    from tests.test_episodes import chat_tokenizer
+
+    tok = chat_tokenizer()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256,
+                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    config = load_config(None, {"model.name": str(tmp_path / "model"), "rollout.engine": "vllm"},
+                         ["rollout.prompts_per_step=16", "rollout.num_generations=4", "rollout.max_new_tokens=4",
+                          "eval.batch_size=16"])
+    base, tokenizer = load_base(config.model)
+    stack = PolicyStack(base, config.lora, with_critic=False)
+    prompts = [f"question {i}: " + "x" * 90 for i in range(16)]
+    enc = tokenizer(prompts, return_tensors="pt", padding=True)
+    longest = int(enc.attention_mask.sum(-1).max())
+    assert 64 * (longest + 4) > 4096
+    engine = build_engine("vllm", stack=stack, tokenizer=tokenizer, config=config, longest_prompt=longest)
+    keys = torch.arange(64, dtype=torch.long) * 7919 + 1
+    gen = engine.generate(GenerationRequest(enc.input_ids, enc.attention_mask.bool(), 4,
+                                            SamplingSettings(4, 1.0), keys, logprobs=True))
+    assert gen.response_ids.shape[0] == 64 and bool(gen.response_mask[:, 0].all())
