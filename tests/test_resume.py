@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from tests.helpers import is_timing
+from tests.test_env_train import USER_ENV
 
 ARGS = ["--steps", "8", "--set", "rollout.prompts_per_step=16", "--set", "update.minibatch_size=8",
         "--set", "eval.size=32", "--set", "eval.every=0", "--set", "checkpoint.every=2",
@@ -34,23 +35,7 @@ def _metrics(run: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if not is_timing(k) and k != "env_time_s"} for r in rows]
 
 
-ECHO = '''
-from llmrl.envs import EnvStep
-
-
-class Echo:
-    """Answers '7' twice, then ends the episode with a reward of 1 (state kept per episode)."""
-
-    def reset(self, row, seed):
-        self.turns = 0
-        return [{"role": "user", "content": row["prompt"]}]
-
-    def step(self, text, calls):
-        self.turns += 1
-        if self.turns == 3:
-            return EnvStep(reward=1.0, done=True)
-        return EnvStep([{"role": "user", "content": "7"}])
-'''
+ECHO = USER_ENV  # Echo: answers '7' twice, then ends the episode with a reward of 1
 
 
 @pytest.mark.parametrize("episodes", [False, True], ids=["one-turn", "episodes"])
