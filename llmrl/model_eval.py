@@ -24,7 +24,7 @@ from .models.load import load_base
 from .models.stack import PolicyStack
 from .models.tokenizer import stop_token_ids
 from .run.folder import MARKER
-from .tasks import Task, task_from_config
+from .tasks import Task, task_from_config, with_task_format
 
 
 @dataclass
@@ -154,7 +154,7 @@ def _eval_episodes(model: str, target: EvalTarget, chosen: Task, rows: list[dict
                    max_new_tokens: int, batch: int) -> dict[str, Any]:
     """`eval_model` in episodes: greedy episodes, and K sampled ones per row for pass@k."""
     cfg = target.config
-    rollout = replace(cfg.rollout, max_new_tokens=max_new_tokens,
+    rollout = replace(with_task_format(cfg.rollout, chosen), max_new_tokens=max_new_tokens,
                       temperature=cfg.rollout.temperature if temperature is None else temperature)
     stop_ids = stop_token_ids(target.tokenizer, target.stack.lm)
     context = getattr(target.stack.lm.config.get_text_config(), "max_position_embeddings", None)

@@ -89,7 +89,8 @@ def test_an_environment_that_raises_stops_the_run_in_one_sentence(tiny_model_dir
 
 def test_a_chat_model_gets_the_tools_in_its_prompt(tmp_path: Path) -> None:
     """A model with a chat template (Hermes calls, the calculator offered through tools=; the rendering
-    itself is checked in test_episodes.py) runs `llmrl train --task calc` end to end."""
+    itself is checked in test_episodes.py) runs `llmrl train --task calc` end to end, and `--task
+    chat_calc` in its own plain format."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from tests.test_episodes import chat_tokenizer
@@ -105,6 +106,10 @@ def test_a_chat_model_gets_the_tools_in_its_prompt(tmp_path: Path) -> None:
     assert all(r["episode_tokens"] > 0 for r in rows)
     logged = [json.loads(line) for line in (tmp_path / "chat" / "completions.jsonl").read_text().splitlines()]
     assert logged and all(r["turns"][0]["by"] == "model" for r in logged)
+    assert "tool_format: auto" in (tmp_path / "chat" / "config.yaml").read_text()  # calc shows no worked call
+    # chat_calc's worked example is a plain call: its format applies (auto) and is recorded as resolved
+    _train(model_dir, tmp_path / "chat_calc", "--task", "chat_calc", "--set", "rollout.max_turns=2")
+    assert "tool_format: plain" in (tmp_path / "chat_calc" / "config.yaml").read_text()
 
 
 ONE_TURN = '''

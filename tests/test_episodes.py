@@ -4,6 +4,7 @@ and the episode limits."""
 
 from __future__ import annotations
 
+import re
 import string
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,7 @@ from transformers import PreTrainedTokenizerFast
 from llmrl.config.schema import RolloutConfig
 from llmrl.engines.base import Generation, GenerationRequest
 from llmrl.engines.hf import HFEngine
-from llmrl.envs import EnvSpec, EnvStep, resolve_env
+from llmrl.envs import EnvSpec, EnvStep, parse_calls, resolve_env
 from llmrl.models.tokenizer import build_char_tokenizer, stop_token_ids
 from llmrl.step.episodes import EnvFailed, episode_view, generate_episodes, turn_keys
 from llmrl.step.forward import masked_logprobs
@@ -327,3 +328,38 @@ def test_the_plain_call_format_serves_a_chat_model_that_writes_no_json() -> None
     view = episode_view(tok, samples, 0)
     assert [t["by"] for t in view["turns"]] == ["model", "env", "model"] and view["tool_calls"] == 1
     assert "<tool_response>36</tool_response>" in view["turns"][1]["text"] and samples.completions == ("36",)
+
+
+def test_the_chat_tool_task_shows_a_worked_call_and_is_solved_by_one_call() -> None:
+    """`chat_calc`: each conversation opens with the worked example (a plain call '12*34=', the tool's
+    408, the answer copied), asks for a·b + c·d, and an episode that writes the whole expression as one
+    call and copies the tool's result scores 1 through the task's own reward; the task's plain format
+    applies where rollout.tool_format is auto and an explicit setting wins."""
+    from llmrl.tasks import TASKS, with_task_format
+
+    task = TASKS["chat_calc"]()
+    assert (len(task.train), len(task.eval), task.env, task.tool_format) == (2000, 200, "calculator", "plain")
+    assert task.eval == TASKS["chat_calc"]().eval  # fixed, whatever the run's seed
+    assert not {r["answer"] + r["prompt"][-1]["content"] for r in task.train} & {
+        r["answer"] + r["prompt"][-1]["content"] for r in task.eval}  # disjoint questions
+    row = task.eval[0]
+    assert [m["role"] for m in row["prompt"]] == ["user", "assistant", "tool", "assistant", "user"]
+    calls = parse_calls(row["prompt"][1]["content"], "plain")
+    assert resolve_env("calculator").make().step("12*34=", calls).messages[0]["content"] == "408"
+    a, b, c, d = map(int, re.fullmatch(r"What is (\d+)\*(\d+) \+ (\d+)\*(\d+)\?", row["prompt"][-1]["content"]).groups())
+    assert 100 <= a <= 999 and 10 <= b <= 99 and 100 <= c <= 999 and 10 <= d <= 99 and row["answer"] == str(a * b + c * d)
+    assert with_task_format(RolloutConfig(), task).tool_format == "plain"
+    assert with_task_format(RolloutConfig(tool_format="hermes"), task).tool_format == "hermes"
+    assert with_task_format(RolloutConfig(), TASKS["calc"]()).tool_format == "auto"
+
+    tok = chat_tokenizer()
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    engine = ScriptedEngine([[*char_ids(tok, f"{a}*{b}+{c}*{d}="), end], [*char_ids(tok, row["answer"]), end]])
+    cfg = with_task_format(RolloutConfig(max_new_tokens=20, max_turns=3, num_generations=1), task)
+    samples = generate_episodes(engine, tok, resolve_env("calculator"), [row], torch.tensor([0]), cfg=cfg, seed=0,
+                                step=0, device=CPU, stop_ids=[end])
+    assert samples.episodes.tool_calls.tolist() == [1] and samples.episodes.tool_errors.tolist() == [0]
+    assert f"<tool_response>{row['answer']}</tool_response>" in tok.decode(samples.response_ids[0])
+    assert task.reward([""], list(samples.completions), answer=[row["answer"]]) == [1.0]
+    prompt = tok.decode(samples.prompt_ids[0])
+    assert prompt.startswith("<|im_start|>system\nYou have a calculator-style tool") and "12*34=" in prompt

@@ -76,9 +76,9 @@ def evaluate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
     """`evaluate` in episodes (step/episodes.py): greedy turns in the environment `env`, each episode's
     reward = the task's reward of its last turn + Σ the environment's rewards. Besides the task's
     metrics: eos_rate (the last turn ended with a stop token), response_len (the model's tokens per
-    episode), turns_mean and tool_calls_per_episode."""
+    episode), turns_mean, tool_calls_per_episode and tool_error_rate (failed calls / calls, 0 without calls)."""
     completions: list[str] = []
-    env_rewards, lengths, ended, turns, calls = [], [], [], [], []
+    env_rewards, lengths, ended, turns, calls, errors = [], [], [], [], [], []
     one = replace(cfg, num_generations=1)
     for start in range(0, len(rows), batch_size):
         chunk = list(rows[start : start + batch_size])
@@ -92,13 +92,15 @@ def evaluate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
         ended.append(ends_with_stop(ep.response_ids, ep.response_mask, stop_ids).cpu())
         turns.append(ep.episodes.turns.float())
         calls.append(ep.episodes.tool_calls.float())
+        errors.append(ep.episodes.tool_errors.float())
     if not rows:
         return EvalResult(0.0, 0.0, [], {})
     rewards = score_texts(reward_fn, rows, completions) + torch.cat(env_rewards)
     n = len(rows)
     extra = {name: float(score_texts(fn, rows, completions).sum()) / n for name, fn in (metrics or {}).items()}
     extra.update(eos_rate=float(torch.cat(ended).sum()) / n, response_len=float(torch.cat(lengths).sum()) / n,
-                 turns_mean=float(torch.cat(turns).mean()), tool_calls_per_episode=float(torch.cat(calls).mean()))
+                 turns_mean=float(torch.cat(turns).mean()), tool_calls_per_episode=float(torch.cat(calls).mean()),
+                 tool_error_rate=float(torch.cat(errors).sum() / torch.cat(calls).sum().clamp(min=1)))
     return EvalResult(float((rewards >= success).sum()) / n, float(rewards.sum()) / n, completions, extra)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from ..step.episodes import episode_budget
 from ..step.forward import generation_logprobs
 from ..step.records import StepPlan
 from ..step.update import make_optimizers
-from ..tasks import Task, task_from_config, task_slug
+from ..tasks import Task, task_from_config, task_slug, with_task_format
 from .data import PromptSampler
 from .evaluate import EvalResult, evaluate, evaluate_episodes, with_groups
 from .folder import ReaderFolder, RunFolder
@@ -120,6 +120,7 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
         raise ConfigError(f"'rollout.prompts_per_step' ({config.rollout.prompts_per_step}) must be divisible by "
                           f"the number of processes ({dist.world_size}).")
     task = dist.main_first(lambda: task_from_config(config), local=True)  # a dataset or reward model fills caches once
+    config = replace(config, rollout=with_task_format(config.rollout, task))  # recorded in config.yaml as resolved
     env = episode_env(config, task, spec, dist)
     path = dist.broadcast_object(Path(config.out) if config.out else default_out(config))
     folder = dist.main_only(lambda: RunFolder.open(path) if resume else RunFolder.create(path, overwrite))

@@ -25,6 +25,7 @@ from . import arithmetic, calc, chat_sum, guess, mixture, rg, textarena
 
 if TYPE_CHECKING:
     from ..config import Config
+    from ..config.schema import RolloutConfig
 
 RewardFn = Callable[..., Sequence[float]]
 
@@ -48,6 +49,8 @@ class Task:
     `accuracy/<value>`, `<metric>/<value>` (`run/evaluate.per_group`)."""
     env: str | None = None
     """The environment its episodes run in (`rollout.env` overrides it; llmrl/envs/); None: one turn."""
+    tool_format: str | None = None
+    """The tool-call format its prompts show (their worked example's), used where rollout.tool_format is auto."""
 
 
 def _arithmetic() -> Task:
@@ -66,13 +69,27 @@ def _calc() -> Task:
     return Task("calc", train, held_out, arithmetic.exact_match, env=calc.ENV)
 
 
+def _chat_calc() -> Task:
+    """The chat tool task: "What is a*b + c*d?" after a worked calculator call, in episodes (calc.py)."""
+    train, held_out = calc.chat_splits()
+    return Task("chat_calc", train, held_out, arithmetic.exact_match, env=calc.ENV, tool_format=calc.CHAT_FORMAT)
+
+
 def _guess() -> Task:
     train, held_out = guess.splits()
     return Task("guess", train, held_out, guessed, env=guess.ENV)
 
 
 TASKS: dict[str, Callable[[], Task]] = {"arithmetic": _arithmetic, "chat_sum": _chat_sum, "calc": _calc,
-                                        "guess": _guess}
+                                        "chat_calc": _chat_calc, "guess": _guess}
+
+
+def with_task_format(rollout: RolloutConfig, task: Task) -> RolloutConfig:
+    """`rollout` with tool_format set to the task's own where it is 'auto' and the task names one (its
+    prompts' worked example shows a call in that format)."""
+    if rollout.tool_format != "auto" or task.tool_format is None:
+        return rollout
+    return replace(rollout, tool_format=task.tool_format)
 
 
 def tiny_corpus() -> list[tuple[str, str]]:

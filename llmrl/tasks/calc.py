@@ -1,6 +1,9 @@
 """Multi-digit multiplication with a calculator tool (the built-in `calculator` environment).
 
-Prompts look like ``347*28=``; the right answer is ``9716``. A small model rarely multiplies a
+Two tasks: `calc`, a bare product for any model (below), and `chat_calc`, a sum of two products for
+chat models after a worked example of a call (`chat_splits`).
+
+`calc`'s prompts look like ``347*28=``; the right answer is ``9716``. A small model rarely multiplies a
 three-digit by a two-digit number in its head but can call the calculator and copy its result:
 with a chat template it writes a Hermes `<tool_call>`, the built-in tiny model writes the plain
 format (a turn ending in '=' is a call: envs/tools.py). The reward is exact match on the episode's
@@ -25,4 +28,34 @@ def splits(train_size: int = TRAIN_SIZE, eval_size: int = EVAL_SIZE) -> tuple[li
     while len(pairs) < train_size + eval_size:
         pairs[(rng.randint(100, 999), rng.randint(10, 99))] = None
     rows = [{"prompt": f"{a}*{b}=", "answer": str(a * b)} for a, b in pairs]
+    return rows[eval_size:], rows[:eval_size]
+
+
+CHAT_TRAIN_SIZE = 2000
+CHAT_EVAL_SIZE = 200
+CHAT_FORMAT = "plain"
+DEMO: list[dict[str, str]] = [
+    {"role": "user", "content": "What is 12*34?"},
+    {"role": "assistant", "content": "12*34="},
+    {"role": "tool", "content": "408"},
+    {"role": "assistant", "content": "408"},
+]
+"""The worked example every `chat_calc` conversation opens with: one call in the plain format
+(envs/tools.py) and the answer copied from the tool. It shows a single product while the questions
+ask for a sum of two: with a worked example of the questions' own shape SmolLM2-135M-Instruct already
+answers 64 of 64 right before any training, with none it writes 2 well-formed calls in 64 and answers
+none right, and with this one it answers 1 in 16 greedily and 12 in 64 sampled at T 0.7 — room to
+learn, and episodes that show how (docs/environments.md)."""
+
+
+def chat_splits(train_size: int = CHAT_TRAIN_SIZE, eval_size: int = CHAT_EVAL_SIZE) -> tuple[list[dict], list[dict]]:
+    """(train, eval) rows of the chat tool task `chat_calc`: the conversation `DEMO` + "What is a*b + c*d?",
+    100 ≤ a, c ≤ 999 and 10 ≤ b, d ≤ 99 drawn with seed SPLIT_SEED + 1, distinct, the first `eval_size`
+    held out; answer str(a·b + c·d) (one call solves it: 'a*b+c*d=')."""
+    rng = random.Random(SPLIT_SEED + 1)
+    quads: dict[tuple[int, int, int, int], None] = {}
+    while len(quads) < train_size + eval_size:
+        quads[(rng.randint(100, 999), rng.randint(10, 99), rng.randint(100, 999), rng.randint(10, 99))] = None
+    rows = [{"prompt": [*DEMO, {"role": "user", "content": f"What is {a}*{b} + {c}*{d}?"}],
+             "answer": str(a * b + c * d)} for a, b, c, d in quads]
     return rows[eval_size:], rows[:eval_size]
