@@ -100,12 +100,24 @@ def test_episode_settings_are_validated() -> None:
 @pytest.mark.parametrize("extra, message", [
     (["--set", "rollout.env=nope"], "Environment 'nope' is not a built-in"),
     (["--env", "no_such_module_xyz:Env"], "Cannot import environment module 'no_such_module_xyz'"),
-    (["--task", "calc", "--algo", "remax"], "do not run with estimator 'remax' yet"),
 ])
 def test_bad_environment_settings_are_one_sentence(tiny_model_dir: Path, tmp_path: Path, extra: list[str],
                                                    message: str) -> None:
     cli_refused(["train", "--model", str(tiny_model_dir), "--steps", "1", "--out", str(tmp_path / "run"),
                  *CLI_SMALL, *extra], message)
+
+
+def test_episodes_in_several_processes_are_refused() -> None:
+    from dataclasses import replace
+
+    from llmrl.parallel.distributed import SINGLE
+    from llmrl.run.session import episode_env
+    from llmrl.tasks import TASKS
+
+    config = load_config(None, {}, ["task=calc"])
+    assert episode_env(config, TASKS["calc"]()) is not None
+    with pytest.raises(ConfigError, match=r"^Episodes \(environment 'calculator'\) do not run with several processes yet"):
+        episode_env(config, TASKS["calc"](), replace(SINGLE, world_size=2))
 
 
 def test_the_guessing_game_answers_higher_or_lower_and_ends_on_the_secret() -> None:

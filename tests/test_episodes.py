@@ -363,3 +363,35 @@ def test_the_chat_tool_task_shows_a_worked_call_and_is_solved_by_one_call() -> N
     assert task.reward([""], list(samples.completions), answer=[row["answer"]]) == [1.0]
     prompt = tok.decode(samples.prompt_ids[0])
     assert prompt.startswith("<|im_start|>system\nYou have a calculator-style tool") and "12*34=" in prompt
+
+
+def test_remax_in_episodes_takes_each_rows_greedy_episode_as_its_baseline() -> None:
+    """ReMax on episodes (run/draws._episodes): the baseline of a row's G sampled episodes is the score of
+    one greedy episode from that row by the actor — its last turn's task reward + the environment's
+    rewards (0.5 a turn here) — which is what a greedy evaluation of that row alone scores."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from llmrl.config import load_config
+    from llmrl.run.draws import _episodes
+    from llmrl.run.evaluate import evaluate_episodes
+    from llmrl.run.one_step import PhaseClock
+    from llmrl.step.records import StepPlan
+
+    tok, stack = build_char_tokenizer(), _stack()
+    stop = stop_token_ids(tok, stack.lm)
+    engine = HFEngine(stack, stop, tok.pad_token_id)
+    config = load_config(None, {}, ["seed=3", "rollout.max_new_tokens=3", "rollout.max_turns=3",
+                                    "rollout.num_generations=4"])
+    reward = lambda prompts, completions, **_: [float(len(c)) for c in completions]  # noqa: E731  (varies by episode)
+    env = EnvSpec("answer", Answer)
+    s = SimpleNamespace(config=config, plan=StepPlan(reference=False, critic=False, greedy=True), stack=stack, env=env,
+                        engine=engine, tokenizer=tok, task=SimpleNamespace(reward=reward))
+    rows = [{"prompt": "12+3="}, {"prompt": "4+56="}]
+    samples, scores = _episodes(s, 1, rows, torch.tensor([0, 1]), PhaseClock(CPU))
+    one = replace(config.rollout, num_generations=1)
+    alone = [evaluate_episodes(engine, tok, env, [row], reward, cfg=one, stop_ids=stop).reward_mean for row in rows]
+    assert scores.baseline is not None and scores.baseline.tolist() == pytest.approx(
+        [x for x in alone for _ in range(4)], abs=1e-6)
+    assert all(x >= 0.5 for x in alone)  # the environment's reward is in it: every episode has a turn
+    assert not torch.equal(scores.scores, scores.baseline)  # the sampled episodes score otherwise

@@ -38,7 +38,7 @@ from ..step.generate import generate
 from ..step.groups import extra_prompts, informative, join_samples, join_scores, select_groups
 from ..step.overlong import sequence_rewards
 from ..step.records import Samples, Scores
-from ..step.score import score
+from ..step.score import score, score_texts
 from .session import Session, episode_context
 
 
@@ -125,7 +125,26 @@ def _episodes(s: Session, step: int, rows: list[dict[str, Any]], index: torch.Te
     with clock("score"):
         scores = score(samples, s.task.reward, device)
     assert samples.episodes is not None
-    return samples, replace(scores, scores=scores.scores + samples.episodes.env_reward.to(device))
+    scores = replace(scores, scores=scores.scores + samples.episodes.env_reward.to(device))
+    if plan.greedy:  # ReMax: each row's greedy episode's score is the baseline of its G episodes
+        baseline = _greedy_episode_scores(s, step, rows, index, clock)
+        scores = replace(scores, baseline=baseline.repeat_interleave(cfg.rollout.num_generations).to(device))
+    return samples, scores
+
+
+def _greedy_episode_scores(s: Session, step: int, rows: list[dict[str, Any]], index: torch.Tensor,
+                           clock: Callable[[str], ContextManager[None]]) -> torch.Tensor:
+    """(B,) the score of one greedy episode from each row, by the actor (ReMax's baseline): the task's reward
+    of its last turn + the environment's rewards. Its `reset` seeds are the row's first sample's."""
+    assert s.env is not None
+    with clock("generate"):
+        greedy = generate_episodes(s.engine, s.tokenizer, s.env, rows, index,
+                                   cfg=replace(s.config.rollout, num_generations=1), seed=s.config.seed, step=step,
+                                   device=torch.device("cpu"), stop_ids=stop_token_ids(s.tokenizer, s.stack.lm),
+                                   context=episode_context(s), greedy=True)
+    with clock("score"):
+        assert greedy.episodes is not None
+        return score_texts(s.task.reward, rows, greedy.completions) + greedy.episodes.env_reward
 
 
 def _episode_stats(stream: Samples, rounds: list[Samples]) -> dict[str, Any]:

@@ -79,17 +79,15 @@ def resolve_estimator(config: Config) -> EstimatorSpec:
     return spec
 
 
-def episode_env(config: Config, task: Task, spec: EstimatorSpec, dist: DistContext = SINGLE) -> EnvSpec | None:
+def episode_env(config: Config, task: Task, dist: DistContext = SINGLE) -> EnvSpec | None:
     """The environment of the run's episodes: `rollout.env`, else the task's own, else None (one turn);
     what the first slice of episodes does not serve yet is refused here (docs/environments.md)."""
     name = config.rollout.env or task.env
     if name is None:
         return None
-    for refused, why in ((spec.needs.greedy, f"estimator '{spec.name}'"),
-                         (dist.world_size > 1, "several processes")):
-        if refused:
-            raise ConfigError(f"Episodes (environment '{name}') do not run with {why} yet; docs/environments.md "
-                              "lists what is built.")
+    if dist.world_size > 1:
+        raise ConfigError(f"Episodes (environment '{name}') do not run with several processes yet; "
+                          "docs/environments.md lists what is built.")
     return resolve_env(name, timeout_s=config.rollout.tool_timeout_s) if name in ENVS else resolve_env(name)
 
 
@@ -121,7 +119,7 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
                           f"the number of processes ({dist.world_size}).")
     task = dist.main_first(lambda: task_from_config(config), local=True)  # a dataset or reward model fills caches once
     config = replace(config, rollout=with_task_format(config.rollout, task))  # recorded in config.yaml as resolved
-    env = episode_env(config, task, spec, dist)
+    env = episode_env(config, task, dist)
     path = dist.broadcast_object(Path(config.out) if config.out else default_out(config))
     folder = dist.main_only(lambda: RunFolder.open(path) if resume else RunFolder.create(path, overwrite))
     folder = folder if folder is not None else ReaderFolder(path)
