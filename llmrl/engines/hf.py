@@ -70,6 +70,7 @@ def generate(
     uniforms: Tensor | None = None,
     logprobs: bool = False,
     all_done: Callable[[bool], bool] | None = None,
+    cache: ReservedCache | None = None,
 ) -> Generation:
     """Decode up to `max_new_tokens` per row with the model's KV cache, in the caller's role.
 
@@ -81,40 +82,53 @@ def generate(
     samples (models/prefix.py). `eos_id`: one stop id or several (`models.tokenizer.stop_token_ids`);
     a row ends at its first, which its mask includes. `all_done(finished here) -> stop`: with a
     sharded base every forward is a collective, so decoding stops only when every process is done
-    (`DistContext.all_done`).
+    (`DistContext.all_done`). `cache`: an empty cache to decode into, which the caller keeps
+    (`engines/hf_turns.py`); by default a fresh one.
     """
     model = stack.lm
     attention = prompt_mask.long()
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    cache = ReservedCache(max_new_tokens)  # room for every new token: no torch.cat per token
+    cache = ReservedCache(max_new_tokens) if cache is None else cache  # room for every new token: no torch.cat per token
     groups = distinct_prompts(prompt_ids, prompt_mask) if stack.share_prompts else None
     with skinny_head(model):  # the (N, 1, V) decoding logits as W · xᵀ (models/decoding.py)
         logits = shared_prefill(model, prompt_ids, attention, positions, cache, groups)
-        n = prompt_ids.shape[0]
-        done = torch.zeros(n, dtype=torch.bool, device=prompt_ids.device)
-        stop = torch.as_tensor(eos_id, device=prompt_ids.device).reshape(-1)
-        tokens, masks, lps = [], [], []
-        position = positions[:, -1:]
-        for t in range(max_new_tokens):
-            u = None if uniforms is None else uniforms[:, t]
-            token = pick_tokens(logits[:, -1].float(), temperature, top_p, u)
-            token = torch.where(done, torch.full_like(token, pad_id), token)
-            if logprobs:
-                lp = token_logprobs(tempered(logits[:, -1], temperature), token)
-                lps.append(torch.where(done, torch.zeros_like(lp), lp))
-            masks.append(~done)
-            tokens.append(token)
-            done = done | torch.isin(token, stop)
-            finished = bool(done.all())
-            if (finished if all_done is None else all_done(finished)) or t == max_new_tokens - 1:
-                break
-            attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
-            position = position + 1
-            logits = model(
-                input_ids=token[:, None], attention_mask=attention, position_ids=position, **with_cache(model, cache)
-            ).logits
-        return Generation(torch.stack(tokens, dim=1), torch.stack(masks, dim=1),
-                          torch.stack(lps, dim=1) if logprobs else None)
+        return decode(model, logits, cache, attention, positions[:, -1:], max_new_tokens=max_new_tokens,
+                      eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p, uniforms=uniforms,
+                      logprobs=logprobs, all_done=all_done)
+
+
+def decode(model: Any, logits: Tensor, cache: ReservedCache, attention: Tensor, position: Tensor, *,
+           max_new_tokens: int, eos_id: int | Sequence[int], pad_id: int, temperature: float, top_p: float,
+           uniforms: Tensor | None, logprobs: bool, all_done: Callable[[bool], bool] | None) -> Generation:
+    """The decoding loop of `generate` after its prefill: `logits` (N, 1, V) of each row's last fed
+    position, `cache` holding every fed position, `attention` (N, L) long over them, `position`
+    (N, 1) the last fed token's position id. Token t is fed (its keys and values cached, at the
+    next position) only when another token is drawn after it: a Generation of T tokens leaves
+    T − 1 of them in the cache (`engines/hf_turns.py` continues from there)."""
+    n = logits.shape[0]
+    done = torch.zeros(n, dtype=torch.bool, device=logits.device)
+    stop = torch.as_tensor(eos_id, device=logits.device).reshape(-1)
+    tokens, masks, lps = [], [], []
+    for t in range(max_new_tokens):
+        u = None if uniforms is None else uniforms[:, t]
+        token = pick_tokens(logits[:, -1].float(), temperature, top_p, u)
+        token = torch.where(done, torch.full_like(token, pad_id), token)
+        if logprobs:
+            lp = token_logprobs(tempered(logits[:, -1], temperature), token)
+            lps.append(torch.where(done, torch.zeros_like(lp), lp))
+        masks.append(~done)
+        tokens.append(token)
+        done = done | torch.isin(token, stop)
+        finished = bool(done.all())
+        if (finished if all_done is None else all_done(finished)) or t == max_new_tokens - 1:
+            break
+        attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
+        position = position + 1
+        logits = model(
+            input_ids=token[:, None], attention_mask=attention, position_ids=position, **with_cache(model, cache)
+        ).logits
+    return Generation(torch.stack(tokens, dim=1), torch.stack(masks, dim=1),
+                      torch.stack(lps, dim=1) if logprobs else None)
 
 
 @dataclass
@@ -138,6 +152,13 @@ class HFEngine:
             return generate(self.stack, ids, mask, max_new_tokens=settings.max_new_tokens, eos_id=self.stop_ids,
                             pad_id=self.pad_id, temperature=settings.temperature, top_p=settings.top_p,
                             uniforms=uniforms, logprobs=request.logprobs, all_done=self.dist.all_done)
+
+    def turn_decoder(self, role: str) -> Any:
+        """An episode batch's decoder that keeps every episode's KV cache from turn to turn
+        (`hf_turns.CachedTurns`), so a turn prefills only what was added since the last."""
+        from .hf_turns import CachedTurns  # hf_turns builds on this module's decoding loop
+
+        return CachedTurns(self, role)
 
     def sync(self, stack: Any) -> None:
         """Nothing to push: every call samples from the stack's current adapters."""

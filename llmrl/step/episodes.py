@@ -1,7 +1,9 @@
 """generate, episode-aware: B dataset rows → `Samples` whose rows are whole episodes (rollout.env).
 
 Each of the N = B·G episodes starts from `env.reset(row, key)`; every turn, the engine continues
-all unfinished episodes at once from their token ids so far, and the environment answers each turn:
+all unfinished episodes at once from their token ids so far (`engines/turns.py`: the `hf` engine
+from each episode's KV cache, prefilling only what the last turn added), and the environment
+answers each turn:
 
     row ids   = prompt ids + turn₁'s sampled ids + env₁ ids + turn₂'s sampled ids + …
     response_mask (the action mask) = 1 on the sampled ids only; context_mask = 1 on all of them
@@ -27,7 +29,8 @@ from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
 from ..config.schema import RolloutConfig
-from ..engines.base import GenerationEngine, GenerationRequest, SamplingSettings, row_keys
+from ..engines.base import GenerationEngine, SamplingSettings, row_keys
+from ..engines.turns import left_pad, open_turns
 from ..envs import EnvSpec, EnvStep, call_format, env_turn_ids, offered_tools, parse_calls, prompt_ids, run_with_limit
 from ..errors import RunFailed
 from .records import EpisodeLog, Samples
@@ -54,14 +57,6 @@ def episode_budget(cfg: RolloutConfig) -> int:
     guessed as long as the model's turns). It sizes the vllm engine's context and KV cache; an episode
     that outgrows the context ends there (`generate_episodes`' `context`), as at the model's window."""
     return cfg.max_episode_tokens or 2 * cfg.max_turns * cfg.max_new_tokens
-
-
-def left_pad(rows: Sequence[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
-    """(ids, bool mask), (B, L) left-padded to the longest row."""
-    width = max(len(r) for r in rows)
-    ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows], dtype=torch.long)
-    mask = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows], dtype=torch.bool)
-    return ids, mask
 
 
 def right_pad(rows: Sequence[list[Any]], fill: Any, dtype: torch.dtype) -> Tensor:
@@ -93,11 +88,13 @@ def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
                       rows: Sequence[dict[str, Any]], prompt_index: Tensor, *, cfg: RolloutConfig, seed: int, step: int,
                       device: torch.device, stop_ids: Sequence[int], logprobs: bool = False,
                       first_sample: int = 0, context: int | None = None, greedy: bool = False,
-                      role: str = "actor") -> Samples:
+                      role: str = "actor", reuse_cache: bool = True) -> Samples:
     """G = cfg.num_generations episodes from each of the B `rows` (arguments as `generate.generate`).
     `context`: the model's context window; an episode also ends where prompt + response would pass it.
     `greedy`: every turn decoded greedily (evaluation; the keys still seed `reset`). `role`: the policy
-    that acts ('reference': the plain model, `llmrl eval` of a model)."""
+    that acts ('reference': the plain model, `llmrl eval` of a model). `reuse_cache`: continue each turn
+    from the engine's own turn decoder when it has one (`engines/turns.open_turns`: the `hf` engine's
+    KV cache); False sends every turn as a fresh request (bench/turn_cache.py compares the two)."""
     g, pad = cfg.num_generations, tokenizer.pad_token_id
     index = prompt_index.repeat_interleave(g)
     keys = row_keys(seed, step, index, torch.arange(first_sample, first_sample + g).repeat(len(rows)))
@@ -119,16 +116,16 @@ def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
     slots = 0  # Σ_turns live episodes × the turn's longest sampled run
     caps = [min(x for x in (cfg.max_episode_tokens, None if context is None else context - len(p)) if x is not None)
             if cfg.max_episode_tokens is not None or context is not None else None for p in prompts]
+    decoder = open_turns(engine, pad, role, reuse_cache)
     for turn in range(cfg.max_turns):
         live = [i for i in range(n) if not done[i] and (caps[i] is None or len(ids[i]) < caps[i])]
         if not live:
             break
         room = {i: cfg.max_new_tokens if caps[i] is None else min(cfg.max_new_tokens, caps[i] - len(ids[i])) for i in live}
-        batch_ids, batch_mask = left_pad([prompts[i] + ids[i] for i in live], pad)
         settings = SamplingSettings(max(room.values()), cfg.temperature, cfg.top_p)
-        gen = engine.generate(GenerationRequest(batch_ids, batch_mask, 1, settings,
-                                                None if greedy else turn_keys(keys[live], turn), logprobs=logprobs,
-                                                role=role, room=torch.tensor([room[i] for i in live], dtype=torch.long)))
+        gen = decoder.turn(live, [prompts[i] + ids[i] for i in live], settings,
+                           None if greedy else turn_keys(keys[live], turn), logprobs=logprobs,
+                           room=torch.tensor([room[i] for i in live], dtype=torch.long))
         slots += len(live) * min(int(gen.response_mask.sum(-1).max()), max(room.values()))
         for j, i in enumerate(live):
             sampled = gen.response_ids[j][gen.response_mask[j]].tolist()[: room[i]]

@@ -1,0 +1,111 @@
+"""The `hf` engine across turns: every episode's KV cache is kept, and a turn prefills only what
+was added since the last one (the token the loop drew last, which was never fed, and the
+environment's answer), instead of the whole conversation again.
+
+The cache is one (N, heads, L, d) batch per layer; `slots[r]` says which token each of row r's L
+positions holds, or None for a hole: a left pad, or a position fed after the row's turn had ended
+(`hf.decode` feeds the finished rows pads until the batch's longest answer ends). Holes stay in the
+cache with attention mask 0. A new turn of episode e with ids `seq` so far:
+
+    1. rows of the episodes still playing are gathered (`reorder_cache`: ended episodes leave);
+    2. `seq` is matched against the row's slots in order: positions whose token is seq's next one
+       are kept; from the first that differs (a turn cut at its room by the caller) every later
+       position is a hole too, since it was computed attending to it;
+    3. the rest of `seq` (≥ 1 token: when all of it is cached, the last kept position becomes a hole
+       and is fed again to get its logits) is fed in one (N, S) block, left-padded with holes, at
+       position ids continuing each row's count of kept tokens;
+    4. `hf.decode` draws the turn from those logits, as `hf.generate` does after its prefill.
+
+Position ids count kept tokens only, so every token sits where a fresh left-padded prefill of `seq`
+puts it and attends to the same keys; the numbers differ from a fresh prefill only by float rounding
+(other matmul shapes). Turn 0 is `hf.generate` itself, bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from ..models.decoding import ReservedCache, skinny_head
+from ..models.prefix import with_cache
+from .base import Generation, SamplingSettings
+from .hf import HFEngine, decode, generate, key_uniforms
+from .turns import left_pad
+
+Slots = list[int | None]
+
+
+def match(slots: Slots, seq: Sequence[int]) -> tuple[list[int], int]:
+    """(keep, n): keep[k] = 1 where cache position k holds seq's next token (in order, up to the first
+    cached token that differs from it), and n, the number of seq's tokens so held."""
+    keep, n, broken = [], 0, False
+    for token in slots:
+        ok = not broken and token is not None and n < len(seq) and seq[n] == token
+        broken = broken or (token is not None and not ok)
+        keep.append(int(ok))
+        n += ok
+    return keep, n
+
+
+class CachedTurns:
+    """`TurnDecoder` of the `hf` engine for one episode batch (`engines/turns.py`)."""
+
+    def __init__(self, engine: HFEngine, role: str) -> None:
+        self.engine, self.role = engine, role
+        self.cache: ReservedCache | None = None
+        self.order: list[int] = []  # the episode of each cache row
+        self.slots: list[Slots] = []  # per cache row: the token at each cache position, None for a hole
+
+    def turn(self, episodes: Sequence[int], sequences: Sequence[list[int]], settings: SamplingSettings,
+             keys: Tensor | None, *, logprobs: bool, room: Tensor | None) -> Generation:
+        """The next turn of `episodes` from their ids so far (`TurnDecoder.turn`); `room` is the caller's to cut."""
+        engine, stack = self.engine, self.engine.stack
+        device = stack.lm.device
+        uniforms = None if keys is None else key_uniforms(keys, settings.max_new_tokens).to(device)
+        with stack.use(self.role):
+            if self.cache is None:
+                self.cache = ReservedCache(settings.max_new_tokens)
+                ids, mask = left_pad(sequences, engine.pad_id)
+                gen = generate(stack, ids.to(device), mask.to(device), max_new_tokens=settings.max_new_tokens,
+                               eos_id=engine.stop_ids, pad_id=engine.pad_id, temperature=settings.temperature,
+                               top_p=settings.top_p, uniforms=uniforms, logprobs=logprobs,
+                               all_done=engine.dist.all_done, cache=self.cache)
+                self.slots = [[t if m else None for t, m in zip(r, k)] for r, k in zip(ids.tolist(), mask.tolist())]
+            else:
+                gen = self._continue(episodes, sequences, settings, uniforms, logprobs)
+        self.order = list(episodes)
+        fed = gen.response_ids.shape[1] - 1  # the last drawn token was never fed
+        for r, (row, live) in enumerate(zip(gen.response_ids[:, :fed].tolist(), gen.response_mask[:, :fed].tolist())):
+            self.slots[r] += [t if m else None for t, m in zip(row, live)]
+        return gen
+
+    def _continue(self, episodes: Sequence[int], sequences: Sequence[list[int]], settings: SamplingSettings,
+                  uniforms: Tensor | None, logprobs: bool) -> Generation:
+        """Steps 1-4 of the module's docstring for a turn after the first."""
+        assert self.cache is not None
+        engine, model = self.engine, self.engine.stack.lm
+        rows = [self.order.index(e) for e in episodes]
+        self.cache.reorder_cache(torch.tensor(rows, device=model.device))
+        kept, pending, counts = [], [], []
+        for r, seq in zip(rows, sequences):
+            keep, n = match(self.slots[r], seq)
+            if n == len(seq):  # all of it cached: feed its last token again for the logits after it
+                keep[max(k for k, v in enumerate(keep) if v)] = 0
+                n -= 1
+            kept.append(keep)
+            pending.append(list(seq[n:]))
+            counts.append(n)
+        ids, mask = left_pad(pending, engine.pad_id)
+        attention = torch.cat([torch.tensor(kept, dtype=torch.long), mask.long()], dim=1).to(model.device)
+        positions = (torch.tensor(counts).unsqueeze(1) + mask.long().cumsum(-1) - 1).clamp(min=0).to(model.device)
+        self.slots = [[t if k else None for t, k in zip(self.slots[r], keep)] + [t if m else None for t, m in zip(i, ms)]
+                      for r, keep, i, ms in zip(rows, kept, ids.tolist(), mask.tolist())]
+        with skinny_head(model):
+            logits = model(input_ids=ids.to(model.device), attention_mask=attention, position_ids=positions,
+                           logits_to_keep=1, **with_cache(model, self.cache)).logits
+            return decode(model, logits, self.cache, attention, positions[:, -1:],
+                          max_new_tokens=settings.max_new_tokens, eos_id=engine.stop_ids, pad_id=engine.pad_id,
+                          temperature=settings.temperature, top_p=settings.top_p, uniforms=uniforms,
+                          logprobs=logprobs, all_done=engine.dist.all_done)
