@@ -38,3 +38,42 @@ def test_ensure_tiny_builds_once_then_reuses(tmp_path: Path, monkeypatch) -> Non
     second = ensure_tiny(tiny_corpus, show_progress=False)
     assert first == second == tmp_path / f"tiny-{TINY_VERSION}"
     assert len(calls) == 1
+
+
+def test_a_pair_and_a_transcript_are_encoded_with_the_loss_on_the_models_turns_only() -> None:
+    from llmrl.models.tiny import _encode_train
+    from llmrl.models.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    call = (("12*3=", False), ("12*3=", True), ("36", False), ("36", True))
+    ids, attn, loss = _encode_train(tok, [("1+2=", "3"), call])
+    c = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    # the transcript: prompt (5) | call + EOS (6, trained) | tool's 36 (2) | 36 + EOS (3, trained): 16 tokens
+    assert ids[1].tolist() == c("12*3=") + c("12*3=") + [eos] + c("36") + c("36") + [eos]
+    assert loss[1].tolist() == [False] * 5 + [True] * 6 + [False] * 2 + [True] * 3
+    # the pair, left-padded to 16: '1+2=' (4) | '3' + EOS (2, trained)
+    assert ids[0].tolist() == [pad] * 10 + c("1+2=") + c("3") + [eos]
+    assert loss[0].tolist() == [False] * 14 + [True] * 2 and attn[0].tolist() == [0] * 10 + [1] * 6
+    # a pair is the transcript ((prompt, False), (answer, True)), bit for bit
+    same = _encode_train(tok, [(("1+2=", False), ("3", True)), call])
+    assert all(torch.equal(x, y) for x, y in zip(same, (ids, attn, loss)))
+
+
+def test_tiny_tools_is_warm_started_on_calls_of_calcs_shape_none_of_calcs_own() -> None:
+    from llmrl.tasks import TINY_TOOLS, calc
+    from llmrl.models.load import BUILTIN_MODELS
+
+    assert TINY_TOOLS in BUILTIN_MODELS
+    corpus = calc.tool_transcripts()
+    assert corpus == calc.tool_transcripts()  # seed-independent, the same every time
+    sums = [t for t in corpus if "+" in t[0][0]]
+    products = [t for t in corpus if "*" in t[0][0]]
+    assert len(sums) == len(products) == calc.TOOLS_SIZE
+    assert all(len(t) == 4 for t in sums)  # every sum through the calculator
+    calls = [t for t in products if len(t) == 4]
+    assert abs(len(calls) / len(products) - calc.TOOL_SHARE) < 0.02  # ≈ 20 % of products: 800 ± 80 of 4000
+    a, b = map(int, calls[0][0][0][:-1].split("*"))
+    assert calls[0] == ((f"{a}*{b}=", False), (f"{a}*{b}=", True), (str(a * b), False), (str(a * b), True))
+    train, held_out = calc.splits()
+    assert not {t[0][0] for t in products} & {r["prompt"] for r in train + held_out}

@@ -27,8 +27,13 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTra
 from transformers.utils import logging as hf_logging
 
 from llmrl.models.tokenizer import build_char_tokenizer
-Corpus = Sequence[tuple[str, str]]
-"""(prompt, answer) pairs the warm start trains on (the arithmetic task's train split: tasks/__init__.py)."""
+Segments = tuple[tuple[str, bool], ...]
+"""A transcript: (text, trained) segments in order; a trained segment is the model's turn, followed by
+EOS (its stop token) and carrying the loss, the others are context (a prompt, a tool's answer)."""
+Corpus = Sequence[tuple[str, str] | Segments]
+"""What a warm start trains on: (prompt, answer) pairs (the arithmetic task's train split for `tiny`:
+tasks/__init__.py), the same as ((prompt, False), (answer, True)), or transcripts of several turns
+(`tiny-tools`: tasks/calc.py `tool_transcripts`)."""
 
 TINY_VERSION = "2"
 """Part of the cache folder name; bump it whenever the recipe below changes (2: two heads of 32
@@ -55,15 +60,15 @@ class TinyRecipe:
 RECIPE = TinyRecipe()
 
 
-def default_cache_dir() -> Path:
-    """`$LLMRL_CACHE_DIR`, else `$XDG_CACHE_HOME/llmrl` (default `~/.cache/llmrl`), / `tiny-<version>`."""
+def default_cache_dir(name: str = "tiny", version: str = TINY_VERSION) -> Path:
+    """`$LLMRL_CACHE_DIR`, else `$XDG_CACHE_HOME/llmrl` (default `~/.cache/llmrl`), / `<name>-<version>`."""
     root = os.environ.get("LLMRL_CACHE_DIR")
     if root:
         base = Path(root).expanduser()
     else:
         xdg = os.environ.get("XDG_CACHE_HOME")
         base = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "llmrl"
-    return base / f"tiny-{TINY_VERSION}"
+    return base / f"{name}-{version}"
 
 
 def _build_model(tokenizer: PreTrainedTokenizerFast, recipe: TinyRecipe) -> LlamaForCausalLM:
@@ -85,25 +90,37 @@ def _build_model(tokenizer: PreTrainedTokenizerFast, recipe: TinyRecipe) -> Llam
     return LlamaForCausalLM(config)
 
 
+def _segments(entry: tuple[str, str] | Segments) -> Segments:
+    """A corpus entry as segments: a (prompt, answer) pair is ((prompt, False), (answer, True))."""
+    if isinstance(entry[0], str):
+        prompt, answer = entry
+        return ((prompt, False), (str(answer), True))
+    return entry  # type: ignore[return-value]
+
+
 def _encode_train(tokenizer: PreTrainedTokenizerFast, corpus: Corpus) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Left-padded training rows `prompt + answer + EOS` of the corpus.
+    """Left-padded training rows of the corpus: each entry's segments in order, a trained one followed by EOS.
 
     Returns `(ids, attention_mask, loss_mask)`, each `[N, L]`; `loss_mask[i, t]` is 1 where token
-    `t` is an answer character or the EOS (the tokens the model is trained to predict).
+    `t` is a character of a trained segment or its EOS (the tokens the model is trained to predict).
     """
-    rows: list[tuple[list[int], int]] = []
-    for text, answer in corpus:
-        prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
-        target = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        rows.append((prompt + target, len(target)))
+    rows: list[tuple[list[int], list[bool]]] = []
+    for entry in corpus:
+        seq: list[int] = []
+        trained: list[bool] = []
+        for text, is_model in _segments(entry):
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"] + ([tokenizer.eos_token_id] if is_model else [])
+            seq += ids
+            trained += [is_model] * len(ids)
+        rows.append((seq, trained))
     length = max(len(seq) for seq, _ in rows)
     ids = torch.full((len(rows), length), tokenizer.pad_token_id, dtype=torch.long)
     attn = torch.zeros((len(rows), length), dtype=torch.long)
     loss_mask = torch.zeros((len(rows), length), dtype=torch.bool)
-    for i, (seq, n_target) in enumerate(rows):
+    for i, (seq, trained) in enumerate(rows):
         ids[i, length - len(seq):] = torch.tensor(seq)
         attn[i, length - len(seq):] = 1
-        loss_mask[i, length - n_target:] = True
+        loss_mask[i, length - len(seq):] = torch.tensor(trained)
     return ids, attn, loss_mask
 
 
@@ -127,7 +144,7 @@ def _warm_start(
     """Supervised warm start: `recipe.steps` AdamW steps on shuffled batches of the corpus.
 
     Loss = mean cross-entropy of `logits[:, t-1]` against `ids[:, t]` over positions t with
-    `loss_mask` set (answer characters and EOS); prompt and padding tokens carry no loss.
+    `loss_mask` set (the model's characters and EOS); prompt, tool and padding tokens carry no loss.
     """
     ids, attn, loss_mask = _encode_train(tokenizer, corpus)
     generator = torch.Generator().manual_seed(seed)
@@ -220,13 +237,14 @@ def _is_complete(path: Path) -> bool:
     return (path / "config.json").is_file() and (path / "model.safetensors").is_file()
 
 
-def ensure_tiny(corpus: Callable[[], Corpus], cache_dir: Path | None = None, *, show_progress: bool = True) -> Path:
+def ensure_tiny(corpus: Callable[[], Corpus], cache_dir: Path | None = None, *, show_progress: bool = True,
+                steps: int | None = None) -> Path:
     """The cached `tiny` model folder (default `default_cache_dir()`), built first if missing.
 
-    Safe under concurrent callers: each builds into its own temporary folder and the losers of
+    `steps`: the warm start's steps, if not the recipe's. Safe under concurrent callers: each builds into its own temporary folder and the losers of
     the final rename use the winner's folder.
     """
     path = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if _is_complete(path):
         return path
-    return build_tiny(path, corpus(), show_progress=show_progress)
+    return build_tiny(path, corpus(), show_progress=show_progress, steps=steps)

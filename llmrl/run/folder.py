@@ -29,6 +29,7 @@ from safetensors.torch import save_file
 
 from ..config import Config, to_tree
 from ..errors import LLMRLError, RunFailed
+from ..models.load import BUILTIN_MODELS
 from ..models.stack import PolicyStack
 from ..rewards.builtin import BUILTINS
 
@@ -229,7 +230,7 @@ def absolute_paths(tree: dict[str, Any]) -> dict[str, Any]:
     dataset, reward file or reward-model folder) made absolute, so --resume and eval work from any
     folder; hub ids, built-in names and 'module:function' stay as given."""
     model, data = dict(tree["model"]), dict(tree["data"])
-    if model["name"] != "tiny":
+    if model["name"] not in BUILTIN_MODELS:
         model["name"] = _absolute(model["name"])
     for key in ("dataset", "eval_dataset"):
         data[key] = _absolute(data[key]) if data.get(key) else data.get(key)

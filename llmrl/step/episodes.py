@@ -22,6 +22,7 @@ text; the environment's per-turn rewards are summed in `EpisodeLog.env_reward`.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
@@ -83,6 +84,92 @@ def _checked_step(spec: EnvSpec, env: Any, episode: int, text: str, calls: list,
     return out
 
 
+@dataclass
+class Episode:
+    """One episode as it grows: its environment, prompt ids and cap (the response tokens it may reach:
+    rollout.max_episode_tokens and the context, None for no cap); the row's ids so far, which of them the
+    model sampled (`acted`) and their log-probs (0 at the environment's), the last turn's text, and
+    counts. `rewards`: (the turn's last token, the environment's reward for it) per turn."""
+
+    env: Any
+    prompt: list[int]
+    cap: int | None
+    ids: list[int] = field(default_factory=list)
+    acted: list[bool] = field(default_factory=list)
+    lps: list[float] = field(default_factory=list)
+    last_text: str = ""
+    done: bool = False
+    turns: int = 0
+    calls: int = 0
+    errors: int = 0
+    env_tokens: int = 0
+    env_reward: float = 0.0
+    rewards: list[tuple[int, float]] = field(default_factory=list)
+
+    def playing(self) -> bool:
+        return not self.done and (self.cap is None or len(self.ids) < self.cap)
+
+    def room(self, max_new_tokens: int) -> int:
+        """The tokens its next turn may take: max_new_tokens, or less near its cap."""
+        return max_new_tokens if self.cap is None else min(max_new_tokens, self.cap - len(self.ids))
+
+    def append(self, ids: list[int], acted: bool, lps: list[float] | None) -> None:
+        self.ids += ids
+        self.acted += [acted] * len(ids)
+        if lps is not None:
+            self.lps += lps
+
+
+def _cap(cfg: RolloutConfig, prompt: list[int], context: int | None) -> int | None:
+    """The smaller of rollout.max_episode_tokens and the context left after the prompt; None if neither is set."""
+    if cfg.max_episode_tokens is None and context is None:
+        return None
+    return min(x for x in (cfg.max_episode_tokens, None if context is None else context - len(prompt)) if x is not None)
+
+
+def _start(spec: EnvSpec, tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, Any]], keys: Tensor, g: int,
+           cfg: RolloutConfig, fmt: str, context: int | None) -> tuple[list[Episode], Any]:
+    """Episode i = `spec.make()` reset on row i // g with key i, its opening rendered with the tools it offers."""
+    episodes, tools = [], None
+    for i in range(len(keys)):
+        env = spec.make()
+        opening = _call(spec, "reset", lambda: env.reset(rows[i // g], int(keys[i])), i, cfg.env_timeout_s)
+        tools = offered_tools(env)
+        prompt = prompt_ids(tokenizer, opening, tools, fmt)
+        episodes.append(Episode(env, prompt, _cap(cfg, prompt, context)))
+    return episodes, tools
+
+
+def _answer(spec: EnvSpec, tokenizer: PreTrainedTokenizerBase, ep: Episode, i: int, sampled: list[int],
+            cfg: RolloutConfig, last_turn: bool, stop_ids: Sequence[int], fmt: str, tools: Any) -> float:
+    """The environment's step on episode i's turn `sampled` (already appended): its reward and counts, and
+    its answer appended when the model may act again, else the episode ends. Returns the seconds in `step`."""
+    stopped = bool(sampled) and sampled[-1] in stop_ids
+    calls = parse_calls(tokenizer.decode(sampled[:-1] if stopped else sampled, skip_special_tokens=False), fmt)
+    started = time.perf_counter()
+    out = _checked_step(spec, ep.env, i, ep.last_text, calls, cfg.env_timeout_s)
+    seconds = time.perf_counter() - started
+    ep.env_reward += float(out.reward)
+    ep.rewards.append((len(ep.ids) - 1, float(out.reward)))
+    ep.calls += out.tool_calls
+    ep.errors += out.tool_errors
+    # the environment sees every turn (its reward counts); its answer only when the model may act again
+    if out.done or not stopped or last_turn or (ep.cap is not None and len(ep.ids) >= ep.cap):
+        ep.done = True
+        return seconds
+    try:
+        answer = env_turn_ids(tokenizer, out.messages, tools, tokenizer.decode(sampled[-1:]))
+    except Exception as exc:  # the template refuses the messages (a role it does not know, …)
+        raise EnvFailed(f"The chat template cannot render the answer of environment '{spec.name}' "
+                        f"({type(exc).__name__}: {str(exc).rstrip('.')}) (episode {i}).") from exc
+    if ep.cap is not None and len(ep.ids) + len(answer) >= ep.cap:
+        ep.done = True  # no room left for the model to act on the answer
+        return seconds
+    ep.append(answer, False, [0.0] * len(answer))
+    ep.env_tokens += len(answer)
+    return seconds
+
+
 @torch.no_grad()
 def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBase, spec: EnvSpec,
                       rows: Sequence[dict[str, Any]], prompt_index: Tensor, *, cfg: RolloutConfig, seed: int, step: int,
@@ -95,90 +182,56 @@ def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
     that acts ('reference': the plain model, `llmrl eval` of a model). `reuse_cache`: continue each turn
     from the engine's own turn decoder when it has one (`engines/turns.open_turns`: the `hf` engine's
     KV cache); False sends every turn as a fresh request (bench/turn_cache.py compares the two)."""
-    g, pad = cfg.num_generations, tokenizer.pad_token_id
+    g = cfg.num_generations
     index = prompt_index.repeat_interleave(g)
     keys = row_keys(seed, step, index, torch.arange(first_sample, first_sample + g).repeat(len(rows)))
-    n, fmt = len(index), call_format(tokenizer, cfg.tool_format)
-    envs, prompts, tools = [], [], None
-    for i in range(n):
-        env = spec.make()
-        opening = _call(spec, "reset", lambda: env.reset(rows[i // g], int(keys[i])), i, cfg.env_timeout_s)
-        tools = offered_tools(env)
-        envs.append(env)
-        prompts.append(prompt_ids(tokenizer, opening, tools, fmt))
-    ids: list[list[int]] = [[] for _ in range(n)]
-    acted: list[list[bool]] = [[] for _ in range(n)]
-    lps: list[list[float]] = [[] for _ in range(n)]
-    last_text, done = [""] * n, [False] * n
-    turns, calls_n, errors_n, env_tokens = [0] * n, [0] * n, [0] * n, [0] * n
-    env_reward, env_time, lp_dtype = [0.0] * n, 0.0, torch.float32
-    turn_rewards: list[list[tuple[int, float]]] = [[] for _ in range(n)]  # (the turn's last token, its reward)
-    slots = 0  # Σ_turns live episodes × the turn's longest sampled run
-    caps = [min(x for x in (cfg.max_episode_tokens, None if context is None else context - len(p)) if x is not None)
-            if cfg.max_episode_tokens is not None or context is not None else None for p in prompts]
-    decoder = open_turns(engine, pad, role, reuse_cache)
+    fmt = call_format(tokenizer, cfg.tool_format)
+    episodes, tools = _start(spec, tokenizer, rows, keys, g, cfg, fmt, context)
+    decoder = open_turns(engine, tokenizer.pad_token_id, role, reuse_cache)
+    slots, env_time, lp_dtype = 0, 0.0, torch.float32  # slots: Σ_turns live episodes × the turn's longest sampled run
     for turn in range(cfg.max_turns):
-        live = [i for i in range(n) if not done[i] and (caps[i] is None or len(ids[i]) < caps[i])]
+        live = [i for i, ep in enumerate(episodes) if ep.playing()]
         if not live:
             break
-        room = {i: cfg.max_new_tokens if caps[i] is None else min(cfg.max_new_tokens, caps[i] - len(ids[i])) for i in live}
-        settings = SamplingSettings(max(room.values()), cfg.temperature, cfg.top_p)
-        gen = decoder.turn(live, [prompts[i] + ids[i] for i in live], settings,
+        room = [episodes[i].room(cfg.max_new_tokens) for i in live]
+        settings = SamplingSettings(max(room), cfg.temperature, cfg.top_p)
+        gen = decoder.turn(live, [episodes[i].prompt + episodes[i].ids for i in live], settings,
                            None if greedy else turn_keys(keys[live], turn), logprobs=logprobs,
-                           room=torch.tensor([room[i] for i in live], dtype=torch.long))
-        slots += len(live) * min(int(gen.response_mask.sum(-1).max()), max(room.values()))
+                           room=torch.tensor(room, dtype=torch.long))
+        slots += len(live) * min(int(gen.response_mask.sum(-1).max()), max(room))
         for j, i in enumerate(live):
-            sampled = gen.response_ids[j][gen.response_mask[j]].tolist()[: room[i]]
-            ids[i] += sampled
-            acted[i] += [True] * len(sampled)
+            ep, mask = episodes[i], gen.response_mask[j]
+            sampled = gen.response_ids[j][mask].tolist()[: room[j]]
             if gen.logprobs is not None:
                 lp_dtype = gen.logprobs.dtype
-                lps[i] += gen.logprobs[j][gen.response_mask[j]].tolist()[: room[i]]
-            turns[i] += 1
-            last_text[i] = tokenizer.decode(sampled, skip_special_tokens=True)
-            stopped = bool(sampled) and sampled[-1] in stop_ids
-            started = time.perf_counter()
-            out = _checked_step(spec, envs[i], i, last_text[i],
-                                parse_calls(tokenizer.decode(sampled[:-1] if stopped else sampled,
-                                                             skip_special_tokens=False), fmt), cfg.env_timeout_s)
-            env_time += time.perf_counter() - started
-            env_reward[i] += float(out.reward)
-            turn_rewards[i].append((len(ids[i]) - 1, float(out.reward)))
-            calls_n[i] += out.tool_calls
-            errors_n[i] += out.tool_errors
-            # the environment sees every turn (its reward counts); its answer only when the model may act again
-            budget = caps[i]
-            if out.done or not stopped or turn == cfg.max_turns - 1 or (budget is not None and len(ids[i]) >= budget):
-                done[i] = True
-                continue
-            try:
-                answer = env_turn_ids(tokenizer, out.messages, tools, tokenizer.decode(sampled[-1:]))
-            except Exception as exc:  # the template refuses the messages (a role it does not know, …)
-                raise EnvFailed(f"The chat template cannot render the answer of environment '{spec.name}' "
-                                f"({type(exc).__name__}: {str(exc).rstrip('.')}) (episode {i}).") from exc
-            if budget is not None and len(ids[i]) + len(answer) >= budget:
-                done[i] = True  # no room left for the model to act on the answer
-                continue
-            ids[i] += answer
-            acted[i] += [False] * len(answer)
-            lps[i] += [0.0] * len(answer)
-            env_tokens[i] += len(answer)
-    p_ids, p_mask = left_pad(prompts, pad)
-    action = right_pad(acted, False, torch.bool)
-    context = right_pad([[True] * len(r) for r in ids], False, torch.bool)
-    early = right_pad([[0.0] * len(r) for r in ids], 0.0, torch.float32)
-    for i, rewarded in enumerate(turn_rewards):
-        for at, r in rewarded[:-1]:  # every turn but the last (its reward stays in the score)
+            ep.append(sampled, True, None if gen.logprobs is None else gen.logprobs[j][mask].tolist()[: room[j]])
+            ep.turns += 1
+            ep.last_text = tokenizer.decode(sampled, skip_special_tokens=True)
+            env_time += _answer(spec, tokenizer, ep, i, sampled, cfg, turn == cfg.max_turns - 1, stop_ids, fmt, tools)
+    return _samples(episodes, rows, index, g, tokenizer.pad_token_id, device, logprobs, lp_dtype, env_time, slots)
+
+
+def _samples(episodes: list[Episode], rows: Sequence[dict[str, Any]], index: Tensor, g: int, pad: int,
+             device: torch.device, logprobs: bool, lp_dtype: torch.dtype, env_time: float, slots: int) -> Samples:
+    """The episodes as a `Samples` record: rows right-padded, the action and context masks, the EpisodeLog."""
+    acted = [ep.acted for ep in episodes]
+    p_ids, p_mask = left_pad([ep.prompt for ep in episodes], pad)
+    context = right_pad([[True] * len(ep.ids) for ep in episodes], False, torch.bool)
+    early = right_pad([[0.0] * len(ep.ids) for ep in episodes], 0.0, torch.float32)
+    for i, ep in enumerate(episodes):
+        for at, r in ep.rewards[:-1]:  # every turn but the last (its reward stays in the score)
             if at >= 0 and r and acted[i][at]:  # a turn that sampled nothing keeps its reward in the score
                 early[i, at] += r
-    log = EpisodeLog(torch.tensor(turns), torch.tensor(calls_n), torch.tensor(errors_n),
-                     torch.tensor(env_reward, dtype=torch.float32), torch.tensor(env_tokens), env_time,
-                     early.to(device), slots)
+    log = EpisodeLog(torch.tensor([ep.turns for ep in episodes]), torch.tensor([ep.calls for ep in episodes]),
+                     torch.tensor([ep.errors for ep in episodes]),
+                     torch.tensor([ep.env_reward for ep in episodes], dtype=torch.float32),
+                     torch.tensor([ep.env_tokens for ep in episodes]), env_time, early.to(device), slots)
     return Samples(
         rows=tuple(rows), prompt_ids=p_ids.to(device), prompt_mask=p_mask.to(device),
-        response_ids=right_pad(ids, pad, torch.long).to(device), response_mask=action.to(device), group_size=g,
-        prompt_index=index.to(device), completions=tuple(last_text),
-        behaviour_logprobs=right_pad(lps, 0.0, lp_dtype).to(device) if logprobs else None,
+        response_ids=right_pad([ep.ids for ep in episodes], pad, torch.long).to(device),
+        response_mask=right_pad(acted, False, torch.bool).to(device), group_size=g,
+        prompt_index=index.to(device), completions=tuple(ep.last_text for ep in episodes),
+        behaviour_logprobs=right_pad([ep.lps for ep in episodes], 0.0, lp_dtype).to(device) if logprobs else None,
         context_mask=context.to(device), episodes=log,
     )
 

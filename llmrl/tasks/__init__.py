@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import ConfigError
 from ..models.load import register_builtin_model
-from ..models.tiny import ensure_tiny
+from ..models.tiny import default_cache_dir, ensure_tiny
 from ..rewards.builtin import first_number, numeric
 from ..envs.guess import guessed
 from . import arithmetic, calc, chat_sum, guess, mixture, rg, textarena
@@ -92,12 +92,21 @@ def with_task_format(rollout: RolloutConfig, task: Task) -> RolloutConfig:
     return replace(rollout, tool_format=task.tool_format)
 
 
+TINY_TOOLS = "tiny-tools"
+TOOLS_VERSION = "1"
+TOOLS_STEPS = 1000  # twice `tiny`'s: copying a call and the tool's answer back needs them (docs/environments.md)
+"""`tiny-tools`: the built-in tiny model's architecture warm-started on `calc.tool_transcripts` (a share of
+calculator calls) instead of sums, for TOOLS_STEPS steps; its cache folder is tiny-tools-<TOOLS_VERSION>: bump it when they change."""
+
+
 def tiny_corpus() -> list[tuple[str, str]]:
     """What the built-in `tiny` model is warm-started on: the arithmetic train split's (prompt, answer)."""
     return [(x.prompt, x.answer) for x in arithmetic.splits()[0]]
 
 
 register_builtin_model("tiny", lambda show_progress: ensure_tiny(tiny_corpus, show_progress=show_progress))
+register_builtin_model(TINY_TOOLS, lambda show_progress: ensure_tiny(
+    calc.tool_transcripts, default_cache_dir(TINY_TOOLS, TOOLS_VERSION), show_progress=show_progress, steps=TOOLS_STEPS))
 
 
 def get_task(name: str, settings: dict[str, Any] | None = None, *, train_size: int = 1000, eval_size: int = 500,

@@ -60,3 +60,49 @@ def chat_splits(train_size: int = CHAT_TRAIN_SIZE, eval_size: int = CHAT_EVAL_SI
     rows = [{"prompt": [*DEMO, {"role": "user", "content": f"What is {a}*{b} + {c}*{d}?"}],
              "answer": str(a * b + c * d)} for a, b, c, d in quads]
     return rows[eval_size:], rows[:eval_size]
+
+
+TOOLS_SIZE = 4000
+TOOL_SHARE = 0.2
+"""The share of `tool_transcripts`' products that call the calculator; the rest answer in one turn."""
+
+
+def _transcript(prompt: str, answer: str, call: bool) -> tuple[tuple[str, bool], ...]:
+    """A call in the plain format and the answer copied from the tool, or the answer at once:
+    ('a*b=', context) ('a*b=', model) (result, tool) (result, model), or ('a*b=', context) (result, model)."""
+    if call:
+        return ((prompt, False), (prompt, True), (answer, False), (answer, True))
+    return ((prompt, False), (answer, True))
+
+
+def tool_transcripts(size: int = TOOLS_SIZE, tool_share: float = TOOL_SHARE) -> list[tuple[tuple[str, bool], ...]]:
+    """What the built-in `tiny-tools` model is warm-started on (models/tiny.py), in shuffled order:
+
+    - `size` sums a+b, every one worked through the calculator: the model learns to call it and
+      copy its answer (a copy its two layers learn only from thousands of examples);
+    - `size` products a*b, a `tool_share` of them through the calculator and the rest answered at
+      once, which no model of its size can compute.
+
+    Both of `calc`'s shape (100 ≤ a ≤ 999, 10 ≤ b ≤ 99, seed SPLIT_SEED + 2; no product of `calc`'s
+    train or held-out split). So the warm-started model can use the calculator but mostly guesses
+    products: RL on `calc` has calls that earn the reward to reinforce (docs/environments.md)."""
+    train, held_out = splits()
+    taken = {r["prompt"] for r in train + held_out}
+    rng = random.Random(SPLIT_SEED + 2)
+    out: list[tuple[tuple[str, bool], ...]] = []
+    sums: set[str] = set()
+    while len(sums) < size:
+        a, b = rng.randint(100, 999), rng.randint(10, 99)
+        if f"{a}+{b}=" not in sums:
+            sums.add(f"{a}+{b}=")
+            out.append(_transcript(f"{a}+{b}=", str(a + b), True))
+    products = 0
+    while products < size:
+        a, b = rng.randint(100, 999), rng.randint(10, 99)
+        if f"{a}*{b}=" in taken:
+            continue
+        taken.add(f"{a}*{b}=")
+        out.append(_transcript(f"{a}*{b}=", str(a * b), rng.random() < tool_share))
+        products += 1
+    rng.shuffle(out)
+    return out
