@@ -395,3 +395,37 @@ def test_remax_in_episodes_takes_each_rows_greedy_episode_as_its_baseline() -> N
         [x for x in alone for _ in range(4)], abs=1e-6)
     assert all(x >= 0.5 for x in alone)  # the environment's reward is in it: every episode has a turn
     assert not torch.equal(scores.scores, scores.baseline)  # the sampled episodes score otherwise
+
+
+class Graded:
+    """Turn k of an episode of `length` turns (the row's) is rewarded k + 10·length; the episode ends after `length`."""
+
+    def reset(self, row: dict[str, Any], seed: int) -> list[dict[str, Any]]:
+        self.length, self.turn = int(row["length"]), 0
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, text: str, calls: list) -> EnvStep:
+        self.turn += 1
+        return EnvStep([{"role": "user", "content": "go on"}], reward=self.turn + 10.0 * self.length,
+                       done=self.turn == self.length)
+
+
+def test_each_turns_mean_reward_is_a_step_metric() -> None:
+    """Episodes of 1, 3 and 2 turns (max 4): turn 1's mean over all three = 1 + 10·(1+3+2)/3 = 21, turn 2's over
+    the two that took it = 2 + 10·(3+2)/2 = 27, turn 3's = 3 + 30 = 33, turn 4: none took it (None)."""
+    from llmrl.step.episodes import episode_stats
+
+    tok = chat_tokenizer()
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    engine = ScriptedEngine([[*char_ids(tok, "ok"), end]] * 3)
+    rows = [{"prompt": "a", "length": 1}, {"prompt": "b", "length": 3}, {"prompt": "c", "length": 2}]
+    cfg = RolloutConfig(max_new_tokens=8, max_turns=4, num_generations=1)
+    samples = generate_episodes(engine, tok, EnvSpec("graded", Graded), rows, torch.tensor([0, 1, 2]), cfg=cfg, seed=0,
+                                step=0, device=CPU, stop_ids=[end])
+    assert samples.episodes is not None and samples.episodes.turns.tolist() == [1, 3, 2]
+    stats = episode_stats(samples)
+    assert stats["env_reward_turn1"] == pytest.approx(21.0, abs=1e-4)
+    assert stats["env_reward_turn2"] == pytest.approx(27.0, abs=1e-4)
+    assert stats["env_reward_turn3"] == pytest.approx(33.0, abs=1e-4) and stats["env_reward_turn4"] is None
+    # the episodes' totals: 11, 3·30 + 1 + 2 + 3 = 96, 2·20 + 1 + 2 = 43
+    assert samples.episodes.env_reward.tolist() == [11.0, 96.0, 43.0]

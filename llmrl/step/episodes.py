@@ -208,11 +208,13 @@ def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
             ep.turns += 1
             ep.last_text = tokenizer.decode(sampled, skip_special_tokens=True)
             env_time += _answer(spec, tokenizer, ep, i, sampled, cfg, turn == cfg.max_turns - 1, stop_ids, fmt, tools)
-    return _samples(episodes, rows, index, g, tokenizer.pad_token_id, device, logprobs, lp_dtype, env_time, slots)
+    return _samples(episodes, rows, index, g, tokenizer.pad_token_id, device, logprobs, lp_dtype, env_time, slots,
+                    cfg.max_turns)
 
 
 def _samples(episodes: list[Episode], rows: Sequence[dict[str, Any]], index: Tensor, g: int, pad: int,
-             device: torch.device, logprobs: bool, lp_dtype: torch.dtype, env_time: float, slots: int) -> Samples:
+             device: torch.device, logprobs: bool, lp_dtype: torch.dtype, env_time: float, slots: int,
+             max_turns: int) -> Samples:
     """The episodes as a `Samples` record: rows right-padded, the action and context masks, the EpisodeLog."""
     acted = [ep.acted for ep in episodes]
     p_ids, p_mask = left_pad([ep.prompt for ep in episodes], pad)
@@ -225,7 +227,9 @@ def _samples(episodes: list[Episode], rows: Sequence[dict[str, Any]], index: Ten
     log = EpisodeLog(torch.tensor([ep.turns for ep in episodes]), torch.tensor([ep.calls for ep in episodes]),
                      torch.tensor([ep.errors for ep in episodes]),
                      torch.tensor([ep.env_reward for ep in episodes], dtype=torch.float32),
-                     torch.tensor([ep.env_tokens for ep in episodes]), env_time, early.to(device), slots)
+                     torch.tensor([ep.env_tokens for ep in episodes]), env_time, early.to(device), slots,
+                     torch.tensor([[r for _, r in ep.rewards] + [float("nan")] * (max_turns - len(ep.rewards))
+                                   for ep in episodes], dtype=torch.float32))
     return Samples(
         rows=tuple(rows), prompt_ids=p_ids.to(device), prompt_mask=p_mask.to(device),
         response_ids=right_pad([ep.ids for ep in episodes], pad, torch.long).to(device),
@@ -236,13 +240,15 @@ def _samples(episodes: list[Episode], rows: Sequence[dict[str, Any]], index: Ten
     )
 
 
-def episode_stats(samples: Samples) -> dict[str, float]:
+def episode_stats(samples: Samples) -> dict[str, float | None]:
     """The step's episode metrics: turns_mean, tool_calls_per_episode, tool_error_rate (failed calls /
     calls), episode_tokens (response tokens per episode, the model's and the environment's),
     masked_token_frac (the environment's share of them), env_reward_mean, env_time_s, and
     decode_idle_share = 1 − (the model's tokens) / (decode slots): the share of the engine's decoding
     spent on rows of a turn's batch that had already stopped while its longest answer went on. An
-    episode that ended leaves the batch at the next turn, so finished episodes cost no slot."""
+    episode that ended leaves the batch at the next turn, so finished episodes cost no slot.
+    `env_reward_turn{k}`, k = 1 … rollout.max_turns: the environment's mean reward for turn k over the
+    episodes that took it (None when none did)."""
     log = samples.episodes
     assert log is not None and samples.context_mask is not None
     calls, real = float(log.tool_calls.sum()), float(samples.context_mask.sum())
@@ -251,7 +257,18 @@ def episode_stats(samples: Samples) -> dict[str, float]:
             "tool_error_rate": float(log.tool_errors.sum()) / calls if calls else 0.0,
             "episode_tokens": real / samples.n, "masked_token_frac": float(log.env_tokens.sum()) / real if real else 0.0,
             "env_reward_mean": log.env_reward.mean().item(), "env_time_s": log.env_time_s,
-            "decode_idle_share": 1.0 - acted / log.decode_slots if log.decode_slots else 0.0}
+            "decode_idle_share": 1.0 - acted / log.decode_slots if log.decode_slots else 0.0, **_per_turn(log)}
+
+
+def _per_turn(log: EpisodeLog) -> dict[str, float | None]:
+    """{env_reward_turn{k}: the mean of column k−1 of log.turn_rewards over its non-NaN entries, or None}."""
+    if log.turn_rewards is None:
+        return {}
+    out: dict[str, float | None] = {}
+    for k, column in enumerate(log.turn_rewards.unbind(1), start=1):
+        taken = column[~column.isnan()]
+        out[f"env_reward_turn{k}"] = taken.mean().item() if len(taken) else None
+    return out
 
 
 def episode_view(tokenizer: PreTrainedTokenizerBase, samples: Samples, i: int) -> dict[str, Any]:

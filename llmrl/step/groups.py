@@ -61,8 +61,9 @@ def _log_rows(log: EpisodeLog | None, rows: list[int]) -> EpisodeLog | None:
     if log is None:
         return None
     early = None if log.early_rewards is None else log.early_rewards[rows]
+    per_turn = None if log.turn_rewards is None else log.turn_rewards[rows]
     return EpisodeLog(log.turns[rows], log.tool_calls[rows], log.tool_errors[rows], log.env_reward[rows],
-                      log.env_tokens[rows], log.env_time_s, early, log.decode_slots)
+                      log.env_tokens[rows], log.env_time_s, early, log.decode_slots, per_turn)
 
 
 def _join_logs(logs: Sequence[EpisodeLog | None], width: int) -> EpisodeLog | None:
@@ -75,7 +76,8 @@ def _join_logs(logs: Sequence[EpisodeLog | None], width: int) -> EpisodeLog | No
     return EpisodeLog(cat(lambda x: x.turns), cat(lambda x: x.tool_calls), cat(lambda x: x.tool_errors),
                       cat(lambda x: x.env_reward), cat(lambda x: x.env_tokens), sum(x.env_time_s for x in logs),
                       None if any(e is None for e in early) else torch.cat([_pad(e, width, 0.0, False) for e in early]),
-                      sum(x.decode_slots for x in logs))
+                      sum(x.decode_slots for x in logs),
+                      None if any(x.turn_rewards is None for x in logs) else cat(lambda x: x.turn_rewards))
 
 
 def select_groups(samples: Samples, scores: Scores, keep: Tensor) -> tuple[Samples, Scores]:

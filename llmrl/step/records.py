@@ -41,7 +41,9 @@ class EpisodeLog:
     env_reward). The last turn's reward stays in the episode's score, on its last token
     (step/estimate.shape_rewards), so an environment that rewards only the end changes nothing.
     decode_slots: Σ over turns of (episodes still playing × the turn's longest sampled run): the token
-    slots the engine decoded, of which the model's tokens are the used ones (`episode_stats`' idle share)."""
+    slots the engine decoded, of which the model's tokens are the used ones (`episode_stats`' idle share).
+    turn_rewards (N, K) float32, K = rollout.max_turns: the environment's reward for each turn taken, NaN
+    for a turn the episode did not reach (`episode_stats`' per-turn means)."""
 
     turns: Tensor
     tool_calls: Tensor
@@ -51,6 +53,7 @@ class EpisodeLog:
     env_time_s: float
     early_rewards: Tensor | None = None
     decode_slots: int = 0
+    turn_rewards: Tensor | None = None
 
 
 @dataclass(frozen=True)
