@@ -77,3 +77,53 @@ def test_tiny_tools_is_warm_started_on_calls_of_calcs_shape_none_of_calcs_own() 
     assert calls[0] == ((f"{a}*{b}=", False), (f"{a}*{b}=", True), (str(a * b), False), (str(a * b), True))
     train, held_out = calc.splits()
     assert not {t[0][0] for t in products} & {r["prompt"] for r in train + held_out}
+
+
+def test_tiny_guess_is_warm_started_on_scans_and_halvings_of_train_games_only() -> None:
+    from llmrl.models.load import BUILTIN_MODELS
+    from llmrl.tasks import TINY_GUESS, guess
+
+    assert TINY_GUESS in BUILTIN_MODELS
+    corpus = guess.sign_transcripts()
+    assert corpus == guess.sign_transcripts() and len(corpus) == guess.SIGNS_GAMES
+    train, held_out = guess.sign_splits()
+    assert not {t[0][0] for t in corpus} - {r["prompt"] for r in train}  # every game's prompt is a train range
+    secrets = {(r["prompt"], r["answer"]) for r in held_out}
+
+    def play(t):  # the guesses, the answers, and whether the last guess won
+        guesses = [int(x) for x, model in t[1:] if model]
+        return guesses, [x for x, model in t[1:] if not model]
+
+    halvings = scans = 0
+    for t in corpus:
+        low = int(t[0][0][1:].split()[0])
+        guesses, answers = play(t)
+        assert len(guesses) <= 4 and len(answers) == len(guesses) - 1 and set(answers) <= {"+", "-"}
+        if guesses[0] == low and guesses == list(range(low, low + len(guesses))):
+            scans += 1
+        else:  # the halving: each guess the middle of what the answers allow ((20 29) opens with 24)
+            lo, hi = low, low + 9
+            for k, g in enumerate(guesses):
+                assert g == (lo + hi) // 2
+                if k < len(answers):
+                    lo, hi = (g + 1, hi) if answers[k] == "+" else (lo, g - 1)
+            assert lo <= guesses[-1] <= hi and (len(guesses) < 4 or lo == hi)  # the last guess is the only one left
+            halvings += 1
+    assert abs(halvings / len(corpus) - guess.HALVING_SHARE) < 0.03  # ≈ 3200 of 8000
+    assert scans + halvings == len(corpus) and secrets  # a scan whose first guess wins counts as a scan
+
+
+def test_the_guess_environment_answers_in_the_rows_own_words() -> None:
+    from llmrl.envs import resolve_env
+    from llmrl.tasks import guess
+
+    row = guess.sign_splits()[1][0]  # (72 81), secret 80
+    env = resolve_env("guess").make()
+    assert env.reset(row, 0) == [{"role": "user", "content": "(72 81)"}]
+    assert env.step("76", []).messages == [{"role": "user", "content": "+"}]
+    assert env.step("81", []).messages == [{"role": "user", "content": "-"}]
+    assert env.step("x", []).messages == [{"role": "user", "content": "(72 81)"}]  # no number: the rule again
+    assert env.step("80", []).done
+    plain = resolve_env("guess").make()
+    plain.reset(guess.splits()[1][0], 0)
+    assert plain.step("1", []).messages == [{"role": "user", "content": "Higher."}]

@@ -44,7 +44,8 @@ _TINY_DEFAULTS: dict[str, Any] = {
     "update.lr_actor": 1e-3,
     "update.lr_critic": 5e-3,
 }
-MODEL_DEFAULTS: dict[str, dict[str, Any]] = {TINY: _TINY_DEFAULTS, "tiny-tools": _TINY_DEFAULTS}  # the same architecture
+MODEL_DEFAULTS: dict[str, dict[str, Any]] = {TINY: _TINY_DEFAULTS, "tiny-tools": _TINY_DEFAULTS,
+                                             "tiny-guess": _TINY_DEFAULTS}  # the same architecture
 
 # (rows per step, new tokens, steps, held-out prompts, evaluate every N steps) on each kind of device
 _REAL = {"cpu": (32, 32, 50, 100, 0), "cuda": (128, 256, 200, 200, 50)}

@@ -33,7 +33,7 @@ def auto_switch(help: str) -> Any:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str = opt("tiny", "'tiny' or 'tiny-tools' (built-in), a Hugging Face hub id, a local model folder or a .gguf file")
+    name: str = opt("tiny", "'tiny', 'tiny-tools' or 'tiny-guess' (built-in), a Hugging Face hub id, a local model folder or a .gguf file")
     dtype: str = opt("auto", "weights dtype; 'auto': the fastest on this hardware (bfloat16 on a GPU with it or a CPU "
                      "with AMX, else float32; llmrl/config/precision.py)", choices=("auto", "float32", "bfloat16", "float16"))
     device: str = opt("cpu", "where to run", choices=("cpu", "cuda", "auto"))

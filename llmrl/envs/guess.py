@@ -2,7 +2,9 @@
 
 The episode's row names a range [low, high] and the secret (its `answer`). Each assistant turn is a
 guess: its first whole number (`first_guess`). A right guess ends the episode; a wrong one is answered
-"Higher." or "Lower."; a turn with no number is answered with the rule again. The environment gives
+"Higher." or "Lower."; a turn with no number is answered with the rule again. A row may name its own
+answers in `higher`, `lower` and `rule` columns (`guess_signs`: '+', '-' and the prompt, in the built-in
+tiny models' characters). The environment gives
 no reward itself: the task's reward (`guessed`, on the episode's last turn) is 1.0 exactly when the
 last guess is the secret, i.e. when the game was won within `rollout.max_turns` turns. Over a range of
 10 numbers, halving it each turn wins in at most 4 guesses (the default `rollout.max_turns`); guessing
@@ -58,6 +60,8 @@ class Guess:
             raise ValueError("the guess environment plays rows with whole-number 'answer', 'low' and 'high' "
                              "columns (the `guess` task's); this row has "
                              f"{', '.join(repr(k) for k in row) or 'none'}") from None
+        self.higher, self.lower = str(row.get("higher", "Higher.")), str(row.get("lower", "Lower."))
+        self.rule = str(row.get("rule", f"Reply with one number from {self.low} to {self.high}."))
         prompt = row["prompt"]
         return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
 
@@ -66,5 +70,5 @@ class Guess:
         if guess == self.secret:
             return EnvStep(done=True)
         if guess is None:
-            return EnvStep([{"role": "user", "content": f"Reply with one number from {self.low} to {self.high}."}])
-        return EnvStep([{"role": "user", "content": "Higher." if guess < self.secret else "Lower."}])
+            return EnvStep([{"role": "user", "content": self.rule}])
+        return EnvStep([{"role": "user", "content": self.higher if guess < self.secret else self.lower}])

@@ -80,8 +80,14 @@ def _guess() -> Task:
     return Task("guess", train, held_out, guessed, env=guess.ENV)
 
 
+def _guess_signs() -> Task:
+    """The guessing game in the tiny models' characters: '(20 29)', answered '+' or '-' (guess.py)."""
+    train, held_out = guess.sign_splits()
+    return Task("guess_signs", train, held_out, guessed, env=guess.ENV)
+
+
 TASKS: dict[str, Callable[[], Task]] = {"arithmetic": _arithmetic, "chat_sum": _chat_sum, "calc": _calc,
-                                        "chat_calc": _chat_calc, "guess": _guess}
+                                        "chat_calc": _chat_calc, "guess": _guess, "guess_signs": _guess_signs}
 
 
 def with_task_format(rollout: RolloutConfig, task: Task) -> RolloutConfig:
@@ -99,12 +105,22 @@ TOOLS_STEPS = 1000  # twice `tiny`'s: copying a call and the tool's answer back 
 calculator calls) instead of sums, for TOOLS_STEPS steps; its cache folder is tiny-tools-<TOOLS_VERSION>: bump it when they change."""
 
 
+TINY_GUESS = "tiny-guess"
+GUESS_VERSION = "1"
+GUESS_STEPS = 1000
+"""`tiny-guess`: the tiny architecture warm-started on `guess.sign_transcripts` (games of `guess_signs`, most
+scanning upward, some halving the range the '+'/'-' answers allow), for GUESS_STEPS steps; cached in
+tiny-guess-<GUESS_VERSION>."""
+
+
 def tiny_corpus() -> list[tuple[str, str]]:
     """What the built-in `tiny` model is warm-started on: the arithmetic train split's (prompt, answer)."""
     return [(x.prompt, x.answer) for x in arithmetic.splits()[0]]
 
 
 register_builtin_model("tiny", lambda show_progress: ensure_tiny(tiny_corpus, show_progress=show_progress))
+register_builtin_model(TINY_GUESS, lambda show_progress: ensure_tiny(
+    guess.sign_transcripts, default_cache_dir(TINY_GUESS, GUESS_VERSION), show_progress=show_progress, steps=GUESS_STEPS))
 register_builtin_model(TINY_TOOLS, lambda show_progress: ensure_tiny(
     calc.tool_transcripts, default_cache_dir(TINY_TOOLS, TOOLS_VERSION), show_progress=show_progress, steps=TOOLS_STEPS))
 

@@ -20,8 +20,8 @@ WIDTH = 10
 def prompt(low: int, high: int) -> str:
     """The game's rules for a chat model: SmolLM2-135M-Instruct answers this one with a bracketed
     number and a stop token 14 times in 64 at temperature 0.7, against 3 in 64 for the bare "Guess my
-    number (20 to 29)." (docs/environments.md). The built-in tiny model cannot play (its vocabulary is
-    digits and + - * = ( ), its context 64 tokens)."""
+    number (20 to 29)." (docs/environments.md). The built-in tiny models cannot read it (their vocabulary
+    is digits and + - * = ( ), their context 64 tokens): `sign_splits` is the game for them."""
     return (f"We are playing Guess The Number. The number is between {low} and {high}. I will say higher or "
             f"lower. Reply with your guess in square brackets, for example [{low + 2}].")
 
@@ -33,3 +33,54 @@ def splits(eval_size: int = EVAL_SIZE) -> tuple[list[dict], list[dict]]:
     rows = [{"prompt": prompt(low, low + WIDTH - 1), "answer": str(secret), "low": low, "high": low + WIDTH - 1}
             for low, secret in pairs]
     return rows[eval_size:], rows[:eval_size]
+
+
+SIGNS_SEED = SPLIT_SEED + 1
+SIGNS_GAMES = 8000
+HALVING_SHARE = 0.4
+"""The share of `sign_transcripts`' games played by halving the range the answers allow; the rest scan upward."""
+
+
+def signs_prompt(low: int, high: int) -> str:
+    """`guess_signs`' prompt, in the built-in tiny models' characters: '(20 29)'."""
+    return f"({low} {high})"
+
+
+def sign_splits(eval_size: int = EVAL_SIZE) -> tuple[list[dict], list[dict]]:
+    """`splits`' games (the same pairs, the same held-out 200) for the tiny models: prompt '(low high)',
+    answered '+' (higher) or '-' (lower), the rule repeated as the prompt when a turn has no number."""
+    def signs(row: dict) -> dict:
+        text = signs_prompt(row["low"], row["high"])
+        return {**row, "prompt": text, "higher": "+", "lower": "-", "rule": text}
+
+    train, held_out = splits(eval_size)
+    return [signs(r) for r in train], [signs(r) for r in held_out]
+
+
+def sign_transcripts(games: int = SIGNS_GAMES, halving_share: float = HALVING_SHARE,
+                     turns: int = 4) -> list[tuple[tuple[str, bool], ...]]:
+    """What the built-in `tiny-guess` model is warm-started on (models/tiny.py): `games` games of
+    `sign_splits`' train split (never a held-out one), each played to the end or `turns` guesses by one
+    of two strategies — with probability `halving_share`, halving: guess the middle of the numbers the
+    answers so far allow, ⌊(lo + hi) / 2⌋, which wins every game of ten within 4; otherwise scanning:
+    low, low + 1, …, the answers ignored, which wins 4 in 10. Segments: the prompt, then per turn the
+    guess (the model's) and '+' or '-' (the environment's). The warm-started model opens most games
+    with a scan, which greedy decoding follows; sampling opens some with the halving: RL on
+    `guess_signs` has better games to reinforce, and must learn to prefer them."""
+    train, _ = sign_splits()
+    rng = random.Random(SIGNS_SEED)
+    out: list[tuple[tuple[str, bool], ...]] = []
+    for _ in range(games):
+        row = rng.choice(train)
+        low, high, secret = row["low"], row["high"], int(row["answer"])
+        lo, hi, halving = low, high, rng.random() < halving_share
+        segments: list[tuple[str, bool]] = [(row["prompt"], False)]
+        for turn in range(turns):
+            guess = (lo + hi) // 2 if halving else low + turn
+            segments.append((str(guess), True))
+            if guess == secret or turn == turns - 1:
+                break
+            segments.append(("+" if guess < secret else "-", False))
+            lo, hi = (max(lo, guess + 1), hi) if guess < secret else (lo, min(hi, guess - 1))
+        out.append(tuple(segments))
+    return out
