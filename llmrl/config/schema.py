@@ -304,7 +304,14 @@ class MixConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Settings of the `vllm` engine (rollout.engine=vllm); the `hf` engine has none."""
+    """Settings of the generation engines: `merge_lora` is the `hf` engine's; the rest are the `vllm`
+    engine's (rollout.engine=vllm)."""
+
+    merge_lora: bool = opt(
+        True, "hf engine: decode the actor through its weights with the LoRA merged in (W + s·B·A, one product "
+        "per layer instead of three), built before each generation and freed after; off: through the adapters "
+        "(models/merged.py)",
+    )
 
     sync: str = opt(
         "merged", "how the actor reaches the engine after each update: 'merged' pushes W + s·B·A of the adapted "

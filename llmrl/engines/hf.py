@@ -8,13 +8,15 @@ uniforms. The engine samples from the stack's current adapters, so `sync` has no
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
 from ..models.decoding import ReservedCache, skinny_head
+from ..models.merged import mergeable, merged_actor
 from ..models.prefix import distinct_prompts, shared_prefill, with_cache
 from ..models.stack import PolicyStack, tempered, token_logprobs
 from ..models.tokenizer import stop_token_ids
@@ -141,6 +143,18 @@ class HFEngine:
     dist: DistContext = SINGLE
     name: str = "hf"
     own_weights: bool = False  # samples from the stack itself: its decoding log-probs are log π_old
+    merge: bool = True  # decode the actor through W + s·B·A (models/merged.py) where it is `mergeable`
+
+    @contextmanager
+    def acting(self, role: str) -> Iterator[None]:
+        """Decode as `role`: the actor through its merged weights when `merge` and the stack allow
+        (models/merged.py), any other role (or an actor that cannot merge) through the stack's adapters."""
+        with self.stack.use(role):
+            if role == "actor" and self.merge and mergeable(self.stack):
+                with merged_actor(self.stack):
+                    yield
+            else:
+                yield
 
     @torch.no_grad()
     def generate(self, request: GenerationRequest) -> Generation:
@@ -148,7 +162,7 @@ class HFEngine:
         ids = request.prompt_ids.to(device).repeat_interleave(g, 0)
         mask = request.prompt_mask.to(device).repeat_interleave(g, 0)
         uniforms = None if request.keys is None else key_uniforms(request.keys, settings.max_new_tokens).to(ids.device)
-        with self.stack.use(request.role):
+        with self.acting(request.role):
             return generate(self.stack, ids, mask, max_new_tokens=settings.max_new_tokens, eos_id=self.stop_ids,
                             pad_id=self.pad_id, temperature=settings.temperature, top_p=settings.top_p,
                             uniforms=uniforms, logprobs=request.logprobs, all_done=self.dist.all_done)
@@ -171,5 +185,7 @@ class HFEngine:
 def hf_engine(*, stack: PolicyStack, tokenizer: Any, config: Any = None, dist: DistContext = SINGLE,
               longest_prompt: int | None = None, response_tokens: int | None = None) -> HFEngine:
     """The `hf` engine of a run: the stack, its stop and pad ids, the run's collectives (it reserves
-    nothing ahead, so `longest_prompt` and `response_tokens` do not size it)."""
-    return HFEngine(stack, stop_token_ids(tokenizer, stack.lm), tokenizer.pad_token_id, dist)
+    nothing ahead, so `longest_prompt` and `response_tokens` do not size it). The actor decodes
+    through merged weights unless `engine.merge_lora` is off or `dist.shard_base` splits W."""
+    merge = config is None or (config.engine.merge_lora and not config.dist.shard_base)
+    return HFEngine(stack, stop_token_ids(tokenizer, stack.lm), tokenizer.pad_token_id, dist, merge=merge)

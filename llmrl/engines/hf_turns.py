@@ -64,7 +64,7 @@ class CachedTurns:
         engine, stack = self.engine, self.engine.stack
         device = stack.lm.device
         uniforms = None if keys is None else key_uniforms(keys, settings.max_new_tokens).to(device)
-        with stack.use(self.role):
+        with engine.acting(self.role):
             if self.cache is None:
                 self.cache = ReservedCache(settings.max_new_tokens)
                 ids, mask = left_pad(sequences, engine.pad_id)
