@@ -3,10 +3,15 @@ hardware reports, written into the Config so that config.yaml and a resume name 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
+import torch
 
 from llmrl.config import load_config
-from llmrl.config import precision
+from llmrl.config import dtype_probe, precision
+from llmrl.models.gguf import cache_root
 from llmrl.errors import ConfigError
 
 AMX_CPU = "processor\t: 0\nflags\t\t: fpu sse avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
@@ -18,8 +23,9 @@ def test_fastest_dtype_follows_the_hardware() -> None:
     assert precision.cpu_flags(EPYC) == {"fpu", "sse", "avx512f", "avx512_bf16"}
     assert precision.cpu_flags("") == set()
     assert precision.fastest_dtype("cpu", precision.cpu_flags(AMX_CPU)) == ("bfloat16", "the CPU has AMX (amx_bf16)")
-    assert precision.fastest_dtype("cpu", precision.cpu_flags(EPYC)) == (
-        "float32", "the CPU has avx512_bf16 but no AMX, where bfloat16 is faster for some models, slower for others")
+    assert precision.fastest_dtype("cpu", precision.cpu_flags(EPYC)) == (  # no model named: no probe
+        "float32", "the CPU has avx512_bf16 but no AMX, where bfloat16 is faster for some models, slower for others, "
+        "and this model's shapes are not known before it is loaded")
     assert precision.fastest_dtype("cpu", precision.cpu_flags(OLD)) == (
         "float32", "the CPU has no bfloat16 instructions (no AMX, no avx512_bf16)")
     assert precision.fastest_dtype("cuda", cuda_bf16=True)[0] == "bfloat16"
@@ -32,8 +38,66 @@ def test_dtype_note_says_when_a_hand_set_dtype_is_slower() -> None:
     assert precision.dtype_note("float32", "cpu", amx) == "bfloat16 is faster here: the CPU has AMX (amx_bf16)"
 
 
+def _probed(shapes: tuple[int, int, int], threads: int, flags: set[str], speedup: float) -> Path:
+    """A cached probe result (what `dtype_probe.bf16_speedup` wrote on an earlier start) in the tests' cache."""
+    path = cache_root() / "dtype-probe" / f"{dtype_probe._key(shapes, threads, flags)}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"float32_s": speedup, "bfloat16_s": 1.0, "speedup": speedup}))
+    return path
+
+
+def test_on_avx512_bf16_alone_the_cached_probe_of_the_models_products_decides() -> None:
+    epyc, tiny = precision.cpu_flags(EPYC), dtype_probe.model_shapes("tiny")
+    _probed(tiny, 2, epyc, 1.5)
+    dtype, why = precision.fastest_dtype("cpu", epyc, model="tiny", threads=2)
+    assert dtype == "bfloat16" and "1.50× faster in bfloat16" in why and "2 threads" in why
+    _probed(tiny, 2, epyc, 1.19)  # under the 1.2× margin: float32
+    assert precision.fastest_dtype("cpu", epyc, model="tiny", threads=2) == (
+        "float32", "this model's products ran 1.19× in bfloat16, under 1.2×, on this CPU (avx512_bf16, no AMX; "
+        "a cached microbenchmark, 2 threads)")
+    assert precision.fastest_dtype("cpu", epyc, model="tiny", threads=1)[1] != why  # threads are part of the key
+    # AMX and a CPU without bfloat16 are decided by their flags alone, whatever a probe would say
+    assert precision.fastest_dtype("cpu", precision.cpu_flags(OLD), model="tiny", threads=2)[0] == "float32"
+
+
+def test_the_probe_measures_once_then_reads_its_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shapes, flags = (32, 64, 40), {"avx512_bf16"}
+    speedup = dtype_probe.bf16_speedup(shapes, 1, flags, root=tmp_path)
+    (path,) = (tmp_path / "dtype-probe").iterdir()
+    saved = json.loads(path.read_text())
+    assert saved["float32_s"] > 0 and saved["bfloat16_s"] > 0 and saved["shapes"] == [32, 64, 40]
+    assert speedup == saved["speedup"] == saved["float32_s"] / saved["bfloat16_s"]
+
+    def never(*_: object) -> dict:
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(dtype_probe, "measure", never)
+    assert dtype_probe.bf16_speedup(shapes, 1, flags, root=tmp_path) == speedup
+
+
+def test_model_shapes_come_from_the_models_own_config(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from tests.test_gguf_cache import write_tiny_gguf
+
+    from llmrl.models.gguf import plain_copy
+    from llmrl.models.tiny import RECIPE
+    from llmrl.models.tokenizer import build_char_tokenizer
+
+    vocab = len(build_char_tokenizer())
+    assert dtype_probe.model_shapes("tiny") == dtype_probe.model_shapes("tiny-tools") == (
+        RECIPE.hidden_size, RECIPE.intermediate_size, vocab)
+    assert dtype_probe.model_shapes(str(tiny_model_dir)) == (32, 64, vocab)  # conftest's make_tiny_model
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    from_metadata = dtype_probe.model_shapes(str(gguf))  # never loaded: read from the file's metadata
+    plain_copy(gguf)
+    from_copy = dtype_probe.model_shapes(str(gguf))  # its cached copy's config.json
+    assert from_metadata == from_copy and from_copy is not None and from_copy[0] == 32
+    assert dtype_probe.model_shapes("nobody/not-a-model-here") is None
+    assert dtype_probe.model_shapes(str(tmp_path / "missing-folder")) is None
+
+
 def test_auto_is_resolved_into_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
     read = precision.cpu_flags
+    _probed(dtype_probe.model_shapes("tiny"), torch.get_num_threads(), read(EPYC), 0.9)  # bf16 slower for tiny
     for text, want in ((AMX_CPU, "bfloat16"), (EPYC, "float32")):
         monkeypatch.setattr(precision, "cpu_flags", lambda cpuinfo=None, text=text: read(text))  # this CPU's flags
         cfg = load_config()  # the schema's default, model.dtype auto

@@ -98,7 +98,7 @@ class RichReporter:
 
     def start(self, config: Config, costs: list[RoleCost], run_dir: Path) -> None:
         table = Table(title=f"Memory by role ({config.model.name}, {config.model.dtype}: "
-                            f"{dtype_note(config.model.dtype, device_kind(config.model.device))})")
+                            f"{dtype_note(config.model.dtype, device_kind(config.model.device), model=config.model.name, threads=config.threads)})")
         table.add_column("role")
         table.add_column("parameters", justify="right")
         table.add_column("memory", justify="right")

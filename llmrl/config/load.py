@@ -277,7 +277,7 @@ def load_config(
     grouped = int(preset.get("rollout.num_generations", 1)) > 1
     device = str(user.get("model.device", ModelConfig.device))
     own = defaults_for_model(str(model), device, grouped)
-    merged = precision.resolve({**preset, **own, **user}, device_kind(device), ModelConfig.dtype)
+    merged = precision.resolve({**preset, **own, **user}, device_kind(device), ModelConfig.dtype, ModelConfig.name)
     config = build(merged)
     _check_consistency(config)
     return config

@@ -36,6 +36,9 @@ import os
 from typing import Any
 
 TINY = "tiny"
+TINY_SHAPES = (64, 256, 21)
+"""The built-in tiny models' (hidden, intermediate, vocabulary) sizes: models/tiny.py builds them from
+these (the vocabulary is the char tokenizer's, models/tokenizer.py); config/dtype_probe.py times them."""
 
 _TINY_DEFAULTS: dict[str, Any] = {
     "lora.r": 8,

@@ -4,16 +4,19 @@
     CUDA GPU with bfloat16 (Ampere or later) bfloat16    tensor cores run bf16 matmuls several times float32's rate
     CUDA GPU without bfloat16               float32
     CPU that reports amx_bf16 (Intel AMX)   bfloat16     AMX tiles: bf16 matmuls at several times float32's rate
-    CPU with avx512_bf16, no AMX            float32      not reliably faster: on one 2-core AMD EPYC VM bf16 matmuls ran
-                                                         0.5–0.8× float32's (the update 15× slower); on another the
-                                                         SmolLM2 step ran 1.30× faster in bf16 but the tiny model's not
-                                                         (docs/real-models.md, performance.md). Deciding needs a
-                                                         microbenchmark on the model's own shapes: not built yet
+    CPU with avx512_bf16, no AMX            measured     bfloat16 where a one-off microbenchmark of the model's own
+                                                         products ran ≥ 1.2× faster in it (config/dtype_probe.py,
+                                                         cached per machine and model size), else float32: on one
+                                                         2-core AMD EPYC VM bf16 matmuls ran 0.5–0.8× float32's; on
+                                                         another the SmolLM2 step ran 1.30× faster in bf16 but the
+                                                         tiny model's not (docs/performance.md). float32 when the
+                                                         model's shapes are not known yet (a hub id never downloaded)
     CPU without either                      float32      bf16 is emulated
 
-The decision reads what the hardware reports (`/proc/cpuinfo` flags, torch.cuda.is_bf16_supported),
-never a benchmark, so it is the same on every start of a machine; load_config writes the chosen
-dtype into the Config, so a run's config.yaml names it and a resume keeps it on any machine.
+The decision reads what the hardware reports (`/proc/cpuinfo` flags, torch.cuda.is_bf16_supported)
+and, on the one kind of CPU where that cannot say, the cached microbenchmark, so it is the same on
+every start of a machine; load_config writes the chosen dtype into the Config, so a run's
+config.yaml names it and a resume keeps it on any machine.
 The log-probabilities of the ratio are float32 whatever the weights (models/stack.tempered).
 """
 
@@ -35,10 +38,12 @@ def cpu_flags(cpuinfo: str | None = None) -> set[str]:
     return set()
 
 
-def fastest_dtype(kind: str, flags: set[str] | None = None, cuda_bf16: bool | None = None) -> tuple[str, str]:
+def fastest_dtype(kind: str, flags: set[str] | None = None, cuda_bf16: bool | None = None,
+                  model: str | None = None, threads: int | None = None) -> tuple[str, str]:
     """(dtype, reason) for a device of `kind` ('cpu' or 'cuda'): see the module's table.
 
-    `flags` (the CPU's) and `cuda_bf16` (the GPU's bfloat16 support) are read from the machine when None."""
+    `flags` (the CPU's) and `cuda_bf16` (the GPU's bfloat16 support) are read from the machine when None;
+    `model` (model.name) and `threads` (the run's; None: torch's) size the microbenchmark."""
     if kind == "cuda":
         if cuda_bf16 is None:
             import torch
@@ -50,25 +55,48 @@ def fastest_dtype(kind: str, flags: set[str] | None = None, cuda_bf16: bool | No
     flags = cpu_flags() if flags is None else flags
     if "amx_bf16" in flags:
         return "bfloat16", "the CPU has AMX (amx_bf16)"
-    if "avx512_bf16" in flags:  # measured both ways on such CPUs (docs/performance.md): float32 is the safe side
-        return "float32", "the CPU has avx512_bf16 but no AMX, where bfloat16 is faster for some models, slower for others"
+    if "avx512_bf16" in flags:  # measured both ways on such CPUs (docs/performance.md): ask the model's shapes
+        return _probed(flags, model, threads)
     return "float32", "the CPU has no bfloat16 instructions (no AMX, no avx512_bf16)"
 
 
-def dtype_note(dtype: str, kind: str, flags: set[str] | None = None, cuda_bf16: bool | None = None) -> str:
+def _probed(flags: set[str], model: str | None, threads: int | None) -> tuple[str, str]:
+    """The avx512_bf16-without-AMX row of the table: the cached microbenchmark of `model`'s products."""
+    from . import dtype_probe
+
+    shapes = dtype_probe.model_shapes(model) if model else None
+    if shapes is None:
+        return "float32", ("the CPU has avx512_bf16 but no AMX, where bfloat16 is faster for some models, slower "
+                           "for others, and this model's shapes are not known before it is loaded")
+    if threads is None:
+        import torch
+
+        threads = torch.get_num_threads()
+    speedup = dtype_probe.bf16_speedup(shapes, threads, flags)
+    where = f"on this CPU (avx512_bf16, no AMX; a cached microbenchmark, {threads} threads)"
+    if speedup >= dtype_probe.FASTER:
+        return "bfloat16", f"this model's products ran {speedup:.2f}× faster in bfloat16 {where}"
+    return "float32", f"this model's products ran {speedup:.2f}× in bfloat16, under {dtype_probe.FASTER}×, {where}"
+
+
+def dtype_note(dtype: str, kind: str, flags: set[str] | None = None, cuda_bf16: bool | None = None,
+               model: str | None = None, threads: int | None = None) -> str:
     """What the start-up table says next to the dtype: the reason when it is this hardware's fastest,
     else that another one is faster here (a dtype set by hand is kept, never changed)."""
-    best, why = fastest_dtype(kind, flags, cuda_bf16)
+    best, why = fastest_dtype(kind, flags, cuda_bf16, model, threads)
     if dtype == best:
         return why
     return f"{best} is faster here: {why}"
 
 
-def resolve(merged: dict, kind: str, default: str = AUTO) -> dict:
-    """`merged` (dotted keys; model.dtype absent means `default`, the schema's) with model.dtype and
-    engine.dtype 'auto' replaced by the fastest dtype for a device of `kind`."""
+def resolve(merged: dict, kind: str, default: str = AUTO, model: str | None = None) -> dict:
+    """`merged` (dotted keys; model.dtype absent means `default`, model.name `model`, the schema's)
+    with model.dtype and engine.dtype 'auto' replaced by the fastest dtype for a device of `kind`
+    and the model (with the run's `threads`)."""
     out = {"model.dtype": default, **merged}
+    name, threads = out.get("model.name", model), out.get("threads")
     for key in ("model.dtype", "engine.dtype"):
         if out.get(key) == AUTO:
-            out[key] = fastest_dtype(kind)[0]
+            out[key] = fastest_dtype(kind, model=None if name is None else str(name),
+                                     threads=None if threads is None else int(threads))[0]
     return out

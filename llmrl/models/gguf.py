@@ -12,7 +12,6 @@ The folder appears only through an atomic rename of a finished temporary folder.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import struct
@@ -22,16 +21,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from ..config.cache import cache_root, cached_copy_dir  # noqa: F401  (re-exported: where a copy lives)
 from ..errors import ConfigError
-
-
-def cache_root() -> Path:
-    """`$LLMRL_CACHE_DIR`, else `$XDG_CACHE_HOME/llmrl` (default `~/.cache/llmrl`)."""
-    root = os.environ.get("LLMRL_CACHE_DIR")
-    if root:
-        return Path(root).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "llmrl"
 
 
 def require_gguf() -> None:
@@ -42,13 +33,6 @@ def require_gguf() -> None:
     except ImportError:
         raise ConfigError("Reading a .gguf model needs the 'gguf' package, which is not installed: "
                           "pip install 'gguf>=0.10'.") from None
-
-
-def cached_copy_dir(gguf: Path, root: Path | None = None) -> Path:
-    """Where the plain copy of `gguf` lives; the key changes when the file's size or mtime does."""
-    st = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
-    return (root or cache_root()) / "gguf" / f"{gguf.stem}-{key}"
 
 
 def plain_copy(gguf: str | Path, out_dir: Path | None = None, trust_remote_code: bool = False) -> Path:

@@ -26,7 +26,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
+from llmrl.config.model_defaults import TINY_SHAPES
 from llmrl.models.tokenizer import build_char_tokenizer
+
 Segments = tuple[tuple[str, bool], ...]
 """A transcript: (text, trained) segments in order; a trained segment is the model's turn, followed by
 EOS (its stop token) and carrying the loss, the others are context (a prompt, a tool's answer)."""
@@ -46,10 +48,10 @@ PROGRESS_DESCRIPTION = "Warm-starting the built-in tiny model"
 class TinyRecipe:
     """Architecture and supervised warm-start hyperparameters of the `tiny` model."""
 
-    hidden_size: int = 64
+    hidden_size: int = TINY_SHAPES[0]
     num_layers: int = 2
     num_heads: int = 2  # head_dim = 64 / 2 = 32: vLLM's CPU attention kernels need head_dim ≥ 32
-    intermediate_size: int = 256
+    intermediate_size: int = TINY_SHAPES[1]
     steps: int = 500
     batch_size: int = 256
     lr: float = 1e-3

@@ -1,0 +1,25 @@
+"""Where llmrl keeps what it builds once (the tiny models, .gguf copies, the dtype probe's results):
+`$LLMRL_CACHE_DIR`, else `$XDG_CACHE_HOME/llmrl`, else `~/.cache/llmrl`. Plain path logic, below the
+models that fill it (models/gguf.py, models/tiny.py) and the settings that read it (dtype_probe.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+
+def cache_root() -> Path:
+    """`$LLMRL_CACHE_DIR`, else `$XDG_CACHE_HOME/llmrl` (default `~/.cache/llmrl`)."""
+    root = os.environ.get("LLMRL_CACHE_DIR")
+    if root:
+        return Path(root).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "llmrl"
+
+
+def cached_copy_dir(gguf: Path, root: Path | None = None) -> Path:
+    """Where the plain copy of `gguf` lives; the key changes when the file's size or mtime does."""
+    st = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    return (root or cache_root()) / "gguf" / f"{gguf.stem}-{key}"
