@@ -53,7 +53,15 @@ def _from_config(raw: dict[str, Any]) -> tuple[int, int, int] | None:
 
 def model_shapes(name: str) -> tuple[int, int, int] | None:
     """(hidden H, intermediate I, vocabulary V) of the model `name` from its config, or None when
-    it cannot be read without building or downloading the model."""
+    it cannot be read without building or downloading the model (or `name` is no model at all: the
+    run's own checks say so later, in one sentence)."""
+    try:
+        return _shapes(name)
+    except (OSError, ValueError):  # e.g. a name too long for a path
+        return None
+
+
+def _shapes(name: str) -> tuple[int, int, int] | None:
     if name in MODEL_DEFAULTS:  # the built-in tiny models: one architecture, the char tokenizer
         return TINY_SHAPES
     path = Path(name).expanduser()

@@ -94,9 +94,18 @@ def resolve(merged: dict, kind: str, default: str = AUTO, model: str | None = No
     with model.dtype and engine.dtype 'auto' replaced by the fastest dtype for a device of `kind`
     and the model (with the run's `threads`)."""
     out = {"model.dtype": default, **merged}
-    name, threads = out.get("model.name", model), out.get("threads")
+    name, threads = out.get("model.name", model), _threads(out.get("threads"))
     for key in ("model.dtype", "engine.dtype"):
         if out.get(key) == AUTO:
-            out[key] = fastest_dtype(kind, model=None if name is None else str(name),
-                                     threads=None if threads is None else int(threads))[0]
+            out[key] = fastest_dtype(kind, model=None if name is None else str(name), threads=threads)[0]
     return out
+
+
+def _threads(value: object) -> int | None:
+    """The run's `threads` as given (an int, or text from --set), None where it is not a valid count:
+    torch's own then, and the schema's validation says what is wrong with it afterwards."""
+    try:
+        n = int(str(value))
+    except ValueError:
+        return None
+    return n if 1 <= n <= 1024 else None
