@@ -25,7 +25,8 @@ update.on_policy_logprobs=auto → on), llmrl-grpo (update.on_policy_logprobs=of
 then comes from the decoding logits, rollout.generation_logprobs), llmrl-grpo-fast (=on), llmrl-rloo-fast,
 trl-grpo, trl-rloo, llmrl-ppo (actor + critic + reference on one base), llmrl-ppo-top4 (the same with the
 opt-in lora.critic_layers=4; only when named in --only), trl-ppo, bound (plain HF generate,
-llmrl's own generate, one no-grad forward, one LoRA forward + backward). TRL is optional
+llmrl's own generate, one no-grad forward, one LoRA forward + backward); llmrl-grpo-fast-adapters
+(llmrl-grpo-fast decoding through the adapters, engine.merge_lora=false; only when named in --only). TRL is optional
 (`pip install -e '.[bench]'`); without it the TRL rows are skipped.
 
 vLLM contenders (issue 15; run when named in --only, with an interpreter that has vLLM and TRL, e.g.
@@ -57,20 +58,22 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 ISSUE_PPO = {"s_per_step": 10.63, "peak_rss_mib": 5.3 * 1024}
 CONTENDERS = ["llmrl-grpo-defaults", "llmrl-grpo", "llmrl-grpo-fast", "trl-grpo", "llmrl-rloo-fast", "trl-rloo",
               "llmrl-ppo", "trl-ppo", "bound"]
-OPTIONAL = ["llmrl-ppo-top4", "llmrl-vllm", "llmrl-vllm-adapter", "llmrl-vllm-bf16", "trl-grpo-vllm", "vllm-generate"]  # only when named in --only
+OPTIONAL = ["llmrl-ppo-top4", "llmrl-grpo-fast-adapters", "llmrl-vllm", "llmrl-vllm-adapter", "llmrl-vllm-bf16", "trl-grpo-vllm", "vllm-generate"]  # only when named in --only
 VLLM = ["llmrl-vllm", "llmrl-vllm-adapter", "llmrl-vllm-bf16", "trl-grpo-vllm", "vllm-generate"]  # need vLLM (the .venv-vllm interpreter)
 # llmrl contender → (algorithm, update.on_policy_logprobs); None leaves the key at the engine's default
 LLMRL = {"llmrl-grpo-defaults": ("grpo", None), "llmrl-grpo": ("grpo", False), "llmrl-grpo-fast": ("grpo", True),
-         "llmrl-rloo-fast": ("rloo", True), "llmrl-ppo": ("ppo", False), "llmrl-ppo-top4": ("ppo", False),
+         "llmrl-rloo-fast": ("rloo", True), "llmrl-grpo-fast-adapters": ("grpo", True), "llmrl-ppo": ("ppo", False), "llmrl-ppo-top4": ("ppo", False),
          "llmrl-vllm": ("grpo", True), "llmrl-vllm-adapter": ("grpo", True), "llmrl-vllm-bf16": ("grpo", True)}
 # llmrl contender → config keys it sets on top of the issue-8 configuration
 EXTRA = {"llmrl-ppo-top4": {"lora.critic_layers": 4},  # the opt-in critic on the top 4 layers
+         "llmrl-grpo-fast-adapters": {"engine.merge_lora": False},  # decoding through the adapters (before 2026-12-04)
          "llmrl-vllm": {"rollout.engine": "vllm"},  # the engine in the model's dtype, merged-weight sync
          "llmrl-vllm-adapter": {"rollout.engine": "vllm", "engine.sync": "adapter"},  # one base: the adapter served
          "llmrl-vllm-bf16": {"rollout.engine": "vllm", "engine.dtype": "bfloat16"}}  # bf16 sampler, --dtype trainer
 LABELS = {"llmrl-grpo-defaults": "llmrl grpo (defaults)", "llmrl-grpo": "llmrl grpo, on_policy_logprobs=false",
           "llmrl-grpo-fast": "llmrl grpo, on_policy_logprobs=true", "trl-grpo": "TRL GRPOTrainer",
-          "llmrl-rloo-fast": "llmrl rloo-style, on_policy_logprobs", "trl-rloo": "TRL RLOOTrainer",
+          "llmrl-rloo-fast": "llmrl rloo-style, on_policy_logprobs",
+          "llmrl-grpo-fast-adapters": "llmrl grpo fast, engine.merge_lora=false", "trl-rloo": "TRL RLOOTrainer",
           "llmrl-ppo": "llmrl ppo (actor+critic+ref)", "llmrl-ppo-top4": "llmrl ppo, lora.critic_layers=4",
           "trl-ppo": "TRL 1.12 PPOTrainer (bench/trl_ppo.py)",
           "bound": "floor pieces", "llmrl-vllm": "llmrl grpo, --engine vllm (merged sync)",
@@ -533,7 +536,7 @@ def pair_ratios(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
 def ratios(table: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     pairs = [("llmrl-grpo-defaults", "trl-grpo"), ("llmrl-grpo", "trl-grpo"), ("llmrl-grpo-fast", "trl-grpo"),
-             ("llmrl-rloo-fast", "trl-rloo")]
+             ("llmrl-rloo-fast", "trl-rloo"), ("llmrl-grpo-fast", "llmrl-grpo-fast-adapters")]
     for ours, theirs in pairs:
         if ours in table and theirs in table:
             a, b = table[ours], table[theirs]
@@ -545,7 +548,7 @@ def ratios(table: dict[str, Any]) -> dict[str, Any]:
         out["llmrl-ppo/issue-trl-ppo"] = {k: table["llmrl-ppo"][k] / v for k, v in ISSUE_PPO.items()}
     trl_best = min((table[n] for n in ("trl-grpo", "trl-grpo-vllm") if n in table), key=lambda r: r["s_per_step"],
                    default=None)
-    for ours in ("llmrl-vllm", "llmrl-vllm-adapter", "llmrl-vllm-bf16", "llmrl-grpo-fast"):
+    for ours in ("llmrl-vllm", "llmrl-vllm-adapter", "llmrl-vllm-bf16", "llmrl-grpo-fast", "llmrl-grpo-fast-adapters"):
         if ours in table and trl_best is not None:
             out[f"{ours}/fastest TRL ({trl_best['label']})"] = pair_ratios(table[ours], trl_best)
     for ours in ("llmrl-vllm", "llmrl-vllm-adapter", "llmrl-vllm-bf16"):  # issue 29: the engine's memory

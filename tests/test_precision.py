@@ -51,9 +51,9 @@ def test_on_avx512_bf16_alone_the_cached_probe_of_the_models_products_decides() 
     _probed(tiny, 2, epyc, 1.5)
     dtype, why = precision.fastest_dtype("cpu", epyc, model="tiny", threads=2)
     assert dtype == "bfloat16" and "1.50× faster in bfloat16" in why and "2 threads" in why
-    _probed(tiny, 2, epyc, 1.19)  # under the 1.2× margin: float32
+    _probed(tiny, 2, epyc, 1.49)  # under the 1.5× margin: float32
     assert precision.fastest_dtype("cpu", epyc, model="tiny", threads=2) == (
-        "float32", "this model's products ran 1.19× in bfloat16, under 1.2×, on this CPU (avx512_bf16, no AMX; "
+        "float32", "this model's products ran 1.49× in bfloat16, under 1.5×, on this CPU (avx512_bf16, no AMX; "
         "a cached microbenchmark, 2 threads)")
     assert precision.fastest_dtype("cpu", epyc, model="tiny", threads=1)[1] != why  # threads are part of the key
     # AMX and a CPU without bfloat16 are decided by their flags alone, whatever a probe would say

@@ -8,9 +8,10 @@ runs, in both dtypes, with the run's threads:
     rows n ∈ {64 (a decoding step), 512 (a training micro-batch)}
     (n × H)·(H × H), (n × H)·(H × I), (n × I)·(I × H), (n × H)·(H × V)
 
-each the best of `REPEATS` timings, the two dtypes alternated shape by shape, and returns
+each the best of `REPEATS` timings (a timing repeats the product for ≥ 5 ms), the two dtypes
+alternated shape by shape, and returns
 Σ t_float32 / Σ t_bfloat16 (the products weighted by their cost, as in a step). `model.dtype: auto`
-picks bfloat16 when that is ≥ `FASTER` (a margin over the VM's timing noise).
+picks bfloat16 when that is ≥ `FASTER` (1.5: what the products gain, a whole step gains less).
 
 The result is cached in `<cache>/dtype-probe/<key>.json` (`config.cache.cache_root`), the key naming the
 CPU model, its flags, torch's version, the threads and the shapes: the probe (a few seconds for a
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import time
@@ -35,7 +37,12 @@ from .model_defaults import MODEL_DEFAULTS, TINY_SHAPES
 
 ROWS = (64, 512)
 REPEATS = 5
-FASTER = 1.2  # bfloat16 must be at least this much faster to be picked
+TIMING_S = 0.005  # each timing repeats a product until it lasts about this long
+FASTER = 1.5
+"""bfloat16 is picked when its products run at least this much faster. A step is more than its products:
+on the 2-core EPYC VM, SmolLM2's products ran 2.3-2.7× faster in bfloat16 and its step 1.30×; the tiny
+model's products 0.92-1.29× (five probes) and its whole default run 0.96× (3 seeds). Below 1.5× the
+products' gain does not survive the rest of the step."""
 
 
 def _text_config(raw: dict[str, Any]) -> dict[str, Any]:
@@ -124,6 +131,17 @@ def _products(shapes: tuple[int, int, int]) -> list[tuple[int, int, int]]:
     return [(n, k, m) for n in ROWS for k, m in ((h, h), (h, i), (i, h), (h, v))]
 
 
+def _calls(x: Any, y: Any) -> int:
+    """How many products of x·y make one timing last ≥ `TIMING_S` (a tiny model's take microseconds,
+    too short for the clock and the scheduler's noise: measured 0.92× and 1.18× a minute apart)."""
+    import torch
+
+    torch.mm(x, y)  # warm: the first call of a shape and dtype picks and builds its kernel
+    started = time.perf_counter()
+    torch.mm(x, y)
+    return max(1, min(10_000, math.ceil(TIMING_S / max(time.perf_counter() - started, 1e-7))))
+
+
 def measure(shapes: tuple[int, int, int], threads: int) -> dict[str, float]:
     """{'float32_s': Σ best times, 'bfloat16_s': …, 'speedup': their ratio} of `_products(shapes)`."""
     import torch
@@ -136,12 +154,14 @@ def measure(shapes: tuple[int, int, int], threads: int) -> dict[str, float]:
         for n, k, m in _products(shapes):
             a, b = torch.randn(n, k, generator=gen), torch.randn(k, m, generator=gen)
             pairs = {dt: (a.to(dt), b.to(dt)) for dt in total}
+            calls = _calls(*pairs[torch.float32])
             best = {dt: float("inf") for dt in total}
             for _ in range(REPEATS):
                 for dt, (x, y) in pairs.items():  # alternated: a slow moment hits both dtypes
                     started = time.perf_counter()
-                    torch.mm(x, y)
-                    best[dt] = min(best[dt], time.perf_counter() - started)
+                    for _ in range(calls):
+                        torch.mm(x, y)
+                    best[dt] = min(best[dt], (time.perf_counter() - started) / calls)
             for dt in total:
                 total[dt] += best[dt]
     finally:

@@ -5,7 +5,7 @@
     CUDA GPU without bfloat16               float32
     CPU that reports amx_bf16 (Intel AMX)   bfloat16     AMX tiles: bf16 matmuls at several times float32's rate
     CPU with avx512_bf16, no AMX            measured     bfloat16 where a one-off microbenchmark of the model's own
-                                                         products ran ≥ 1.2× faster in it (config/dtype_probe.py,
+                                                         products ran ≥ 1.5× faster in it (config/dtype_probe.py,
                                                          cached per machine and model size), else float32: on one
                                                          2-core AMD EPYC VM bf16 matmuls ran 0.5–0.8× float32's; on
                                                          another the SmolLM2 step ran 1.30× faster in bf16 but the
