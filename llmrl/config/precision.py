@@ -73,7 +73,7 @@ def _probed(flags: set[str], model: str | None, threads: int | None) -> tuple[st
 
         threads = torch.get_num_threads()
     speedup = dtype_probe.bf16_speedup(shapes, threads, flags)
-    where = f"on this CPU (avx512_bf16, no AMX; a cached microbenchmark, {threads} threads)"
+    where = f"on this CPU (avx512_bf16, no AMX; a cached microbenchmark, {threads} thread{'s' if threads != 1 else ''})"
     if speedup >= dtype_probe.FASTER:
         return "bfloat16", f"this model's products ran {speedup:.2f}× faster in bfloat16 {where}"
     return "float32", f"this model's products ran {speedup:.2f}× in bfloat16, under {dtype_probe.FASTER}×, {where}"
