@@ -8,7 +8,8 @@ A PolicyStack on the model with LoRA r=16 on q,k,v,o (the SmolLM2 recipes'), the
 so the adapter is not a no-op. `--rows` sampled rows (8 prompts of ~50 tokens × rows/8 samples, each
 row's own random stream as in a run), `--tokens` new tokens each: the stop id is one the model never
 draws, so every row decodes the whole budget and both contenders do the same work. Two contenders,
-alternated inside every repetition: `adapters` (engine.merge_lora=false) and `merged` (the default).
+alternated inside every repetition: `adapters` (engine.merge_lora=false) and `merged` (the default;
+a bfloat16 actor does not merge, so `--dtype bfloat16` compares the adapters' path with itself).
 Reported: the median seconds of one whole `HFEngine.generate` of each (merging W′ included), their
 ratio, the share of tokens both drew alike and the largest |Δ log-prob| over the tokens both drew.
 """
@@ -27,6 +28,7 @@ from transformers import AutoModelForCausalLM
 from llmrl.config.schema import LoraConfig
 from llmrl.engines.base import GenerationRequest, SamplingSettings, row_keys
 from llmrl.engines.hf import HFEngine
+from llmrl.models.merged import mergeable
 from llmrl.models.stack import PolicyStack
 
 
@@ -67,6 +69,9 @@ def main() -> None:
     args = _args()
     stack = _stack(args.model, getattr(torch, args.dtype), args.targets.split(","))
     vocab = stack.lm.config.vocab_size
+    if not mergeable(stack):
+        print(f"note: a {args.dtype} actor does not merge (llmrl/models/merged.py): both contenders decode "
+              "through the adapters", flush=True)
     engines = {name: HFEngine(stack, [vocab + 7], 0, merge=(name == "merged")) for name in ("adapters", "merged")}
     engines["merged"].generate(_request(vocab, 8, 4, 99))  # warm-up
     seconds: dict[str, list[float]] = {name: [] for name in engines}
@@ -81,7 +86,8 @@ def main() -> None:
         alike = a.response_ids == m.response_ids
         same, total = same + int(alike.sum()), total + alike.numel()
         first_diff = (~alike).int().cumsum(-1) == 0  # positions before a row's first different token
-        worst = max(worst, float((a.logprobs - m.logprobs)[first_diff].abs().max()))
+        if bool(first_diff.any()):
+            worst = max(worst, float((a.logprobs - m.logprobs)[first_diff].abs().max()))
         print(f"rep {rep}: " + "  ".join(f"{k} {v[-1]:.2f} s" for k, v in seconds.items()), flush=True)
     med = {k: statistics.median(v) for k, v in seconds.items()}
     result = {"model": args.model, "dtype": args.dtype, "rows": args.rows, "tokens": args.tokens, "reps": args.reps,

@@ -102,3 +102,29 @@ def test_a_bfloat16_actor_decodes_through_its_adapters() -> None:
     calls = _lora_calls(stack)
     HFEngine(stack, TOK.eos_token_id, TOK.pad_token_id).generate(_request(True))
     assert calls[0] > 0
+
+
+def test_the_start_up_table_counts_the_merged_copy_and_a_nested_merge_is_refused() -> None:
+    stack = _stack()
+    adapted = [m.get_base_layer().weight for n, m in stack.peft.named_modules() if hasattr(m, "lora_A") and "actor" in m.lora_A]
+    n = sum(w.numel() for w in adapted)
+    assert n > 0
+    assert HFEngine(stack, TOK.eos_token_id, TOK.pad_token_id).memory() == [
+        ("hf engine: merged actor W + s·B·A (while generating)", n, 4 * n)]  # float32: 4 bytes a number
+    assert HFEngine(stack, TOK.eos_token_id, TOK.pad_token_id, merge=False).memory() == []
+    assert HFEngine(_stack(modules_to_save=["norm"]), TOK.eos_token_id, TOK.pad_token_id).memory() == []
+    with stack.use("actor"), merged_actor(stack):
+        assert not mergeable(stack)  # already merged: a second merge would add s·B·A twice
+    assert mergeable(stack)
+
+
+def test_episodes_through_the_kept_cache_decode_the_merged_actor_as_the_adapters_do() -> None:
+    from tests.test_hf_turns import _episodes, _engine
+
+    merged, plain = _engine(), _engine()
+    plain.merge = False
+    calls = _lora_calls(merged.stack)
+    a, b = _episodes(merged, reuse_cache=True), _episodes(plain, reuse_cache=True)
+    assert calls[0] == 0  # every turn of every episode decoded through W′
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.context_mask, b.context_mask)
+    torch.testing.assert_close(a.behaviour_logprobs, b.behaviour_logprobs, atol=1e-4, rtol=0)

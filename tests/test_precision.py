@@ -40,7 +40,9 @@ def test_dtype_note_says_when_a_hand_set_dtype_is_slower() -> None:
 
 def _probed(shapes: tuple[int, int, int], threads: int, flags: set[str], speedup: float) -> Path:
     """A cached probe result (what `dtype_probe.bf16_speedup` wrote on an earlier start) in the tests' cache."""
-    path = cache_root() / "dtype-probe" / f"{dtype_probe._key(shapes, threads, flags)}.json"
+    key = dtype_probe._key(shapes, threads, flags)
+    dtype_probe._MEMO.pop(key, None)  # as a new process would: it reads the file
+    path = cache_root() / "dtype-probe" / f"{key}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"float32_s": speedup, "bfloat16_s": 1.0, "speedup": speedup}))
     return path
@@ -55,24 +57,49 @@ def test_on_avx512_bf16_alone_the_cached_probe_of_the_models_products_decides() 
     assert precision.fastest_dtype("cpu", epyc, model="tiny", threads=2) == (
         "float32", "this model's products ran 1.49× in bfloat16, under 1.5×, on this CPU (avx512_bf16, no AMX; "
         "a cached microbenchmark, 2 threads)")
-    assert precision.fastest_dtype("cpu", epyc, model="tiny", threads=1)[1] != why  # threads are part of the key
+    _probed(tiny, 1, epyc, 1.7)  # threads are part of the key: 1 thread has its own measurement
+    assert dtype_probe._key(tiny, 1, epyc) != dtype_probe._key(tiny, 2, epyc)
+    assert precision.fastest_dtype("cpu", epyc, model="tiny", threads=1)[0] == "bfloat16"
     # AMX and a CPU without bfloat16 are decided by their flags alone, whatever a probe would say
     assert precision.fastest_dtype("cpu", precision.cpu_flags(OLD), model="tiny", threads=2)[0] == "float32"
 
 
+def test_without_a_writable_cache_a_run_of_several_processes_gets_no_probe(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the cache folder would go")
+    monkeypatch.setenv("LLMRL_CACHE_DIR", str(blocked))
+    monkeypatch.setattr(dtype_probe, "_MEMO", {})
+    monkeypatch.setenv("WORLD_SIZE", "2")  # its ranks could measure differently: no decision
+    assert dtype_probe.bf16_speedup((48, 96, 40), 1, {"avx512_bf16"}) is None
+    dtype, why = precision.fastest_dtype("cpu", {"avx512_bf16"}, model="tiny", threads=3)
+    assert dtype == "float32" and "no writable cache" in why
+    monkeypatch.setenv("WORLD_SIZE", "1")  # one process: measured for itself, kept for the process
+    speedup = dtype_probe.bf16_speedup((48, 96, 40), 1, {"avx512_bf16"})
+    assert speedup is not None and speedup > 0 and dtype_probe.bf16_speedup((48, 96, 40), 1, {"avx512_bf16"}) == speedup
+
+
 def test_the_probe_measures_once_then_reads_its_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     shapes, flags = (32, 64, 40), {"avx512_bf16"}
+    monkeypatch.setattr(dtype_probe, "_MEMO", {})
     speedup = dtype_probe.bf16_speedup(shapes, 1, flags, root=tmp_path)
-    (path,) = (tmp_path / "dtype-probe").iterdir()
+    (path,) = (tmp_path / "dtype-probe").glob("*.json")  # beside its .lock
     saved = json.loads(path.read_text())
     assert saved["float32_s"] > 0 and saved["bfloat16_s"] > 0 and saved["shapes"] == [32, 64, 40]
+    assert saved["version"] == dtype_probe.VERSION and path.stem == dtype_probe._key(shapes, 1, flags)
     assert speedup == saved["speedup"] == saved["float32_s"] / saved["bfloat16_s"]
+    monkeypatch.setattr(dtype_probe, "_MEMO", {})  # a later process: the file, not a new measurement
 
     def never(*_: object) -> dict:
         raise AssertionError("measured again")
 
     monkeypatch.setattr(dtype_probe, "measure", never)
     assert dtype_probe.bf16_speedup(shapes, 1, flags, root=tmp_path) == speedup
+
+
+def test_the_probe_times_at_most_cap_columns() -> None:
+    assert dtype_probe._capped((4096, 11008, 151936)) == (4096, 11008, dtype_probe.CAP)  # a 7 B model's head
+    assert dtype_probe._capped((576, 1536, 49152)) == (576, 1536, 16384)
 
 
 def test_model_shapes_come_from_the_models_own_config(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -93,6 +120,7 @@ def test_model_shapes_come_from_the_models_own_config(tiny_model_dir: Path, tmp_
     assert from_metadata == from_copy and from_copy is not None and from_copy[0] == 32
     assert dtype_probe.model_shapes("nobody/not-a-model-here") is None
     assert dtype_probe.model_shapes(str(tmp_path / "missing-folder")) is None
+    assert dtype_probe.model_shapes("~nobody-here-at-all/model") is None  # expanduser raises RuntimeError
 
 
 def test_auto_is_resolved_into_the_config(monkeypatch: pytest.MonkeyPatch) -> None:

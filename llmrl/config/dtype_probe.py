@@ -8,21 +8,23 @@ runs, in both dtypes, with the run's threads:
     rows n ∈ {64 (a decoding step), 512 (a training micro-batch)}
     (n × H)·(H × H), (n × H)·(H × I), (n × I)·(I × H), (n × H)·(H × V)
 
-each the best of `REPEATS` timings (a timing repeats the product for ≥ 5 ms), the two dtypes
-alternated shape by shape, and returns
+every size capped at `CAP` (16384), each the best of `REPEATS` timings (a timing repeats the product
+for ≥ 5 ms), the two dtypes alternated shape by shape, and returns
 Σ t_float32 / Σ t_bfloat16 (the products weighted by their cost, as in a step). `model.dtype: auto`
 picks bfloat16 when that is ≥ `FASTER` (1.5: what the products gain, a whole step gains less).
 
 The result is cached in `<cache>/dtype-probe/<key>.json` (`config.cache.cache_root`), the key naming the
-CPU model, its flags, torch's version, the threads and the shapes: the probe (a few seconds for a
-135 M model) runs once per machine and model size, and every later start of the same machine reads
-the same decision. The shapes come from the model's own config (`model_shapes`): the built-in tiny
+CPU model, its flags, torch's version, the threads, the shapes and the method's `VERSION`: the probe
+(a few seconds for a 135 M model) runs once per machine and model size, under a file lock so that
+the processes of a `--nproc` run wait for one measurement and all read it, and every later start of
+the same machine reads the same decision. The shapes come from the model's own config (`model_shapes`): the built-in tiny
 models', a folder's config.json, a .gguf file's cached copy or else its metadata, a hub model in the
 local cache; a model whose shapes are not known yet (a hub id never downloaded) gets no probe.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import math
@@ -38,6 +40,9 @@ from .model_defaults import MODEL_DEFAULTS, TINY_SHAPES
 ROWS = (64, 512)
 REPEATS = 5
 TIMING_S = 0.005  # each timing repeats a product until it lasts about this long
+CAP = 16384  # the largest size timed (`_capped`)
+VERSION = 2  # of the measurement: part of the cache key, so a changed method measures again
+_MEMO: dict[str, float] = {}  # this process's decisions: the same answer on every call
 FASTER = 1.5
 """bfloat16 is picked when its products run at least this much faster. A step is more than its products:
 on the 2-core EPYC VM, SmolLM2's products ran 2.3-2.7× faster in bfloat16 and its step 1.30×; the tiny
@@ -64,7 +69,7 @@ def model_shapes(name: str) -> tuple[int, int, int] | None:
     run's own checks say so later, in one sentence)."""
     try:
         return _shapes(name)
-    except (OSError, ValueError):  # e.g. a name too long for a path
+    except (OSError, ValueError, RuntimeError):  # a name too long for a path, `~nobody/…`
         return None
 
 
@@ -122,7 +127,8 @@ def _cpu_model() -> str:
 def _key(shapes: tuple[int, int, int], threads: int, flags: set[str]) -> str:
     import torch
 
-    text = "|".join([_cpu_model(), " ".join(sorted(flags)), torch.__version__, str(threads), repr(shapes), repr(ROWS)])
+    text = "|".join([str(VERSION), _cpu_model(), " ".join(sorted(flags)), torch.__version__, str(threads), repr(shapes),
+                     repr(ROWS), str(CAP)])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -170,19 +176,49 @@ def measure(shapes: tuple[int, int, int], threads: int) -> dict[str, float]:
     return {"float32_s": f32, "bfloat16_s": bf16, "speedup": f32 / bf16}
 
 
-def bf16_speedup(shapes: tuple[int, int, int], threads: int, flags: set[str], root: Path | None = None) -> float:
-    """float32's time over bfloat16's on this model's products here: cached, else measured and cached."""
-    path = (root or cache_root()) / "dtype-probe" / f"{_key(shapes, threads, flags)}.json"
+def _read(path: Path) -> float | None:
     try:
         return float(json.loads(path.read_text())["speedup"])
     except (OSError, ValueError, KeyError, TypeError):
-        pass
-    result = {**measure(shapes, threads), "cpu": _cpu_model(), "threads": threads, "shapes": list(shapes)}
+        return None
+
+
+def bf16_speedup(shapes: tuple[int, int, int], threads: int, flags: set[str], root: Path | None = None) -> float | None:
+    """float32's time over bfloat16's on this model's products here: cached, else measured and cached.
+
+    The processes of one machine agree: the first measures while holding `<key>.lock`, the others wait
+    for it and read its file (a `--nproc` run's ranks all resolve `auto` at once). Where the cache
+    cannot be written: measured for this process alone under one process, None (no decision) when
+    the run has several, which could then measure differently."""
+    key = _key(shapes, threads, flags)
+    if key in _MEMO:
+        return _MEMO[key]
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(result, indent=2) + "\n")
-        tmp.replace(path)  # atomic: a concurrent start reads the old file or this one, never half of it
-    except OSError:
-        pass  # a read-only cache: the decision still holds for this start
+        folder = (root or cache_root()) / "dtype-probe"
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / f"{key}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            speedup = _read(folder / f"{key}.json")
+            if speedup is None:
+                speedup = _measure_into(folder / f"{key}.json", shapes, threads)
+    except (OSError, RuntimeError):  # no home, a read-only cache: no file to agree through
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            return None
+        speedup = measure(_capped(shapes), threads)["speedup"]
+    _MEMO[key] = speedup
+    return speedup
+
+
+def _measure_into(path: Path, shapes: tuple[int, int, int], threads: int) -> float:
+    result = {**measure(_capped(shapes), threads), "cpu": _cpu_model(), "threads": threads, "shapes": list(shapes),
+              "version": VERSION}
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(path)  # atomic: a reader without the lock sees the old file or this one, never half of it
     return float(result["speedup"])
+
+
+def _capped(shapes: tuple[int, int, int]) -> tuple[int, int, int]:
+    """The shapes with every size ≤ `CAP`: a 7 B model's 152 k-token head would take a minute and 4 GB
+    to time; 16 k columns run at the rate of more."""
+    return min(shapes[0], CAP), min(shapes[1], CAP), min(shapes[2], CAP)

@@ -18,6 +18,8 @@ and, on the one kind of CPU where that cannot say, the cached microbenchmark, so
 every start of a machine; load_config writes the chosen dtype into the Config, so a run's
 config.yaml names it and a resume keeps it on any machine.
 The log-probabilities of the ratio are float32 whatever the weights (models/stack.tempered).
+`engine.dtype: auto` reads the same answer: torch's products, not the vLLM engine's own CPU kernels,
+which no probe here times.
 """
 
 from __future__ import annotations
@@ -73,6 +75,9 @@ def _probed(flags: set[str], model: str | None, threads: int | None) -> tuple[st
 
         threads = torch.get_num_threads()
     speedup = dtype_probe.bf16_speedup(shapes, threads, flags)
+    if speedup is None:
+        return "float32", ("the CPU has avx512_bf16 but no AMX, and the microbenchmark that decides there has no "
+                           "writable cache through which this run's processes could agree")
     where = f"on this CPU (avx512_bf16, no AMX; a cached microbenchmark, {threads} thread{'s' if threads != 1 else ''})"
     if speedup >= dtype_probe.FASTER:
         return "bfloat16", f"this model's products ran {speedup:.2f}× faster in bfloat16 {where}"

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..models.decoding import ReservedCache, skinny_head
-from ..models.merged import mergeable, merged_actor
+from ..models.merged import mergeable, merged_actor, merged_size
 from ..models.prefix import distinct_prompts, shared_prefill, with_cache
 from ..models.stack import PolicyStack, tempered, token_logprobs
 from ..models.tokenizer import stop_token_ids
@@ -179,6 +179,11 @@ class HFEngine:
 
     def stats(self) -> dict[str, float]:
         return {}
+
+    def memory(self) -> list[tuple[str, int, int]]:
+        """(what, elements, bytes) the engine adds: the merged actor's copy W′ while it generates."""
+        n, size = merged_size(self.stack) if self.merge else (0, 0)
+        return [("hf engine: merged actor W + s·B·A (while generating)", n, size)] if n else []
 
 
 @register_engine("hf")

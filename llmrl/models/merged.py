@@ -11,18 +11,22 @@ W′·x. Afterwards every layer gets back its very tensor W (not W′ − s·B·
 bit what it was: the reference and the critic never see W′.
 
 Cost: one copy of the adapted weights while the body runs (SmolLM2-135M, q/k/v/o: 26.5 M numbers,
-106 MB in float32), freed after. W′·x rounds differently from W·x + s·B·(A·x): the tokens drawn are
-those of the actor up to float rounding (the next update's log π_old comes from a full forward
-unless `rollout.generation_logprobs`, which then reads these logits as any engine's μ would be).
+106 MB in float32; all linear layers of a model: nearly its whole size), freed after; the start-up
+table shows it (`HFEngine.memory`). W′·x rounds differently from W·x + s·B·(A·x): the tokens drawn
+are those of the actor up to float rounding, and with `rollout.generation_logprobs` (the default; in
+float32 these logits give log π_old) the log-probs are the actor's within that rounding (max
+|Δ log-prob| 3.6e-5 on SmolLM2, `bench/merged_decode.py`).
 
-Only a plain float32 actor merges (`mergeable`): LoRA on linear layers alone, no trained module
+Only a plain float32 (or float64) actor merges (`mergeable`): LoRA on linear layers alone, no trained module
 copy (`lora.modules_to_save`), no DoRA, no LoRA on an embedding, no LoRA dropout active, W in
 float32 or float64, the base not sharded (`dist.shard_base` keeps each process's share of W: there
 is no whole W to merge into).
 In bfloat16 a merge would round s·B·A into W's 8-bit mantissa: an update smaller than half of W's
 spacing (≈ 2⁻⁹·|W|) would vanish from the generation copy, so early small updates would never reach
-the samples (measured: 197 of 9216 sampled tokens alike, max |Δ log-prob| 0.31, against the
-adapters' path; bench/merged_decode.py). Anything else decodes through the adapters as before.
+the samples (measured with a bfloat16 merge before it was refused: 197 of 9216 sampled tokens alike,
+max |Δ log-prob| 0.31, against the adapters' path). A weight that is not a plain tensor (a DTensor
+shard) and a nested call (the weights already merged) do not merge either. Anything else decodes
+through the adapters as before.
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ def mergeable(stack: PolicyStack) -> bool:
             return False
         if layer.use_dora.get(ADAPTER, False) or base.weight.dtype not in (torch.float32, torch.float64):
             return False
+        if type(base.weight.data) is not torch.Tensor or getattr(stack, "_merged", False):
+            return False  # a DTensor shard has no whole W; already merged: W′ + s·B·A would add it twice
         if layer.lora_dropout[ADAPTER].training and isinstance(layer.lora_dropout[ADAPTER], nn.Dropout):
             return False  # dropout active (`stack.dropout_active`): the adapter's output is random, not s·B·A·x
     return True
@@ -75,6 +81,7 @@ def merged_actor(stack: PolicyStack) -> Iterator[None]:
     layer's own W. Call it inside `stack.use('actor')`; `mergeable(stack)` must hold."""
     layers = _actor_layers(stack)
     originals = [layer.get_base_layer().weight.data for layer in layers]
+    stack._merged = True
     try:
         with stack.peft.disable_adapter():
             for layer in layers:
@@ -83,3 +90,12 @@ def merged_actor(stack: PolicyStack) -> Iterator[None]:
     finally:
         for layer, w in zip(layers, originals):
             layer.get_base_layer().weight.data = w
+        stack._merged = False
+
+
+def merged_size(stack: PolicyStack) -> tuple[int, int]:
+    """(numbers, bytes) of the generation copy W′ of a mergeable actor; (0, 0) where it does not merge."""
+    if not mergeable(stack):
+        return 0, 0
+    weights = [layer.get_base_layer().weight for layer in _actor_layers(stack)]
+    return sum(w.numel() for w in weights), sum(w.numel() * w.element_size() for w in weights)

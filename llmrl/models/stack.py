@@ -147,6 +147,7 @@ class PolicyStack(nn.Module):
         self.critic_start = 0  # the critic's first adapted decoder layer L−k (lora.critic_layers)
         self.critic_shortcut = False  # its forward starts from the base's hidden state there
         self._keep: list[Tensor] | None = None  # see `keeping_base`
+        self._merged = False  # the actor's LoRA is merged into the base weights now (models/merged.py)
         if with_critic:
             self.peft.add_adapter("critic", self._critic_settings(lora))
             hidden = base.config.get_text_config().hidden_size

@@ -47,7 +47,8 @@ def role_costs(stack: PolicyStack) -> list[RoleCost]:
 
 
 def engine_costs(engine: object) -> list[RoleCost]:
-    """The generation engine's own memory (an engine with its own weights, e.g. vLLM; none for `hf`)."""
+    """The generation engine's own memory: vLLM's copy of the weights and KV cache, the `hf` engine's
+    merged actor while it generates (models/merged.py)."""
     memory = getattr(engine, "memory", None)
     return [RoleCost(*row) for row in memory()] if memory is not None else []
 
