@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from llmrl.config import load_config
 from llmrl.config import dtype_probe, precision
@@ -48,20 +47,32 @@ def _probed(shapes: tuple[int, int, int], threads: int, flags: set[str], speedup
     return path
 
 
-def test_on_avx512_bf16_alone_the_cached_probe_of_the_models_products_decides() -> None:
-    epyc, tiny = precision.cpu_flags(EPYC), dtype_probe.model_shapes("tiny")
-    _probed(tiny, 2, epyc, 1.5)
-    dtype, why = precision.fastest_dtype("cpu", epyc, model="tiny", threads=2)
+def _model_folder(tmp_path: Path) -> str:
+    """A model folder whose config.json names a size the probe times (hidden ≥ MIN_HIDDEN)."""
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 512, "intermediate_size": 1024, "vocab_size": 900}))
+    return str(tmp_path)
+
+
+def test_on_avx512_bf16_alone_the_cached_probe_of_the_models_products_decides(tmp_path: Path) -> None:
+    epyc, model = precision.cpu_flags(EPYC), _model_folder(tmp_path)
+    shapes = dtype_probe.model_shapes(model)
+    assert shapes == (512, 1024, 900)
+    _probed(shapes, 2, epyc, 1.5)
+    dtype, why = precision.fastest_dtype("cpu", epyc, model=model, threads=2)
     assert dtype == "bfloat16" and "1.50× faster in bfloat16" in why and "2 threads" in why
-    _probed(tiny, 2, epyc, 1.49)  # under the 1.5× margin: float32
-    assert precision.fastest_dtype("cpu", epyc, model="tiny", threads=2) == (
+    _probed(shapes, 2, epyc, 1.49)  # under the 1.5× margin: float32
+    assert precision.fastest_dtype("cpu", epyc, model=model, threads=2) == (
         "float32", "this model's products ran 1.49× in bfloat16, under 1.5×, on this CPU (avx512_bf16, no AMX; "
         "a cached microbenchmark, 2 threads)")
-    _probed(tiny, 1, epyc, 1.7)  # threads are part of the key: 1 thread has its own measurement
-    assert dtype_probe._key(tiny, 1, epyc) != dtype_probe._key(tiny, 2, epyc)
-    assert precision.fastest_dtype("cpu", epyc, model="tiny", threads=1)[0] == "bfloat16"
+    _probed(shapes, 1, epyc, 1.7)  # threads are part of the key: 1 thread has its own measurement
+    assert dtype_probe._key(shapes, 1, epyc) != dtype_probe._key(shapes, 2, epyc)
+    assert precision.fastest_dtype("cpu", epyc, model=model, threads=1)[0] == "bfloat16"
     # AMX and a CPU without bfloat16 are decided by their flags alone, whatever a probe would say
-    assert precision.fastest_dtype("cpu", precision.cpu_flags(OLD), model="tiny", threads=2)[0] == "float32"
+    assert precision.fastest_dtype("cpu", precision.cpu_flags(OLD), model=model, threads=2)[0] == "float32"
+    # a model as small as the built-in tiny one is never probed: float32, whatever a cached probe says
+    _probed(dtype_probe.model_shapes("tiny"), 2, epyc, 9.0)
+    dtype, why = precision.fastest_dtype("cpu", epyc, model="tiny", threads=2)
+    assert dtype == "float32" and why.startswith("a model this small (hidden size 64)")
 
 
 def test_without_a_writable_cache_a_run_of_several_processes_gets_no_probe(tmp_path: Path,
@@ -72,7 +83,7 @@ def test_without_a_writable_cache_a_run_of_several_processes_gets_no_probe(tmp_p
     monkeypatch.setattr(dtype_probe, "_MEMO", {})
     monkeypatch.setenv("WORLD_SIZE", "2")  # its ranks could measure differently: no decision
     assert dtype_probe.bf16_speedup((48, 96, 40), 1, {"avx512_bf16"}) is None
-    dtype, why = precision.fastest_dtype("cpu", {"avx512_bf16"}, model="tiny", threads=3)
+    dtype, why = precision.fastest_dtype("cpu", {"avx512_bf16"}, model=_model_folder(tmp_path), threads=3)
     assert dtype == "float32" and "no writable cache" in why
     monkeypatch.setenv("WORLD_SIZE", "1")  # one process: measured for itself, kept for the process
     speedup = dtype_probe.bf16_speedup((48, 96, 40), 1, {"avx512_bf16"})
@@ -125,7 +136,7 @@ def test_model_shapes_come_from_the_models_own_config(tiny_model_dir: Path, tmp_
 
 def test_auto_is_resolved_into_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
     read = precision.cpu_flags
-    _probed(dtype_probe.model_shapes("tiny"), torch.get_num_threads(), read(EPYC), 0.9)  # bf16 slower for tiny
+    # the default model is tiny: below MIN_HIDDEN, float32 on the EPYC with no probe at all
     for text, want in ((AMX_CPU, "bfloat16"), (EPYC, "float32")):
         monkeypatch.setattr(precision, "cpu_flags", lambda cpuinfo=None, text=text: read(text))  # this CPU's flags
         cfg = load_config()  # the schema's default, model.dtype auto

@@ -11,6 +11,7 @@
                                                          another the SmolLM2 step ran 1.30× faster in bf16 but the
                                                          tiny model's not (docs/performance.md). float32 when the
                                                          model's shapes are not known yet (a hub id never downloaded)
+                                                         or it is small (hidden < 256: its step is not its products)
     CPU without either                      float32      bf16 is emulated
 
 The decision reads what the hardware reports (`/proc/cpuinfo` flags, torch.cuda.is_bf16_supported)
@@ -70,6 +71,9 @@ def _probed(flags: set[str], model: str | None, threads: int | None) -> tuple[st
     if shapes is None:
         return "float32", ("the CPU has avx512_bf16 but no AMX, where bfloat16 is faster for some models, slower "
                            "for others, and this model's shapes are not known before it is loaded")
+    if shapes[0] < dtype_probe.MIN_HIDDEN:
+        return "float32", (f"a model this small (hidden size {shapes[0]}) gains nothing from bfloat16 on a CPU without "
+                           "AMX: its step is not its products (the tiny model: 0.96× per step)")
     if threads is None:
         import torch
 
