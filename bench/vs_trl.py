@@ -16,6 +16,10 @@ the first step of each run is a warm-up and is not counted.
     python bench/vs_trl.py --model PATH --out bench-results.json [--steps 4] [--reps 2] [--dtype bfloat16]
         [--device cuda]
 
+A contender named `NAME@DTYPE` in --only runs in that dtype instead of --dtype (e.g.
+`--only llmrl-grpo-fast,llmrl-grpo-fast@bfloat16,trl-grpo,trl-grpo@bfloat16`: both dtypes of both
+tools alternated in one run); "fastest TRL" is then the fastest TRL row of either dtype.
+
 `--device cuda` runs every contender on the GPU (llmrl model.device, TRL use_cpu=False): each timed
 step is bracketed by torch.cuda.synchronize(), and each child also reports its peak GPU memory
 (torch.cuda.max_memory_allocated, and _reserved: what the caching allocator held) next to its RSS.
@@ -513,7 +517,7 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             **memory_of(results),
             **generation_rate(results),
             "reward_mean": statistics.mean([x for r in results for x in r["reward"]]),
-            "dtype": results[0].get("dtype", "float32"), "label": LABELS.get(name, name),
+            "dtype": results[0].get("dtype", "float32"), "label": label_of(name),
         }
     return table
 
@@ -525,6 +529,17 @@ def generation_rate(results: list[dict[str, Any]]) -> dict[str, float]:
     gen = [x for r in results for x in r["generate_s"][1:]]
     toks = [x for r in results for x in r["tokens"][1:]]
     return {"generate_tokens_per_s": sum(toks) / sum(gen), "sync_s": median([x for r in results for x in r["sync_s"][1:]])}
+
+
+def split_contender(name: str) -> tuple[str, str | None]:
+    """'NAME@DTYPE' → (NAME, DTYPE); a plain name → (name, None): it runs in --dtype."""
+    base, _, dtype = name.partition("@")
+    return base, dtype or None
+
+
+def label_of(name: str) -> str:
+    base, dtype = split_contender(name)
+    return LABELS.get(base, base) + (f" ({dtype})" if dtype else "")
 
 
 def pair_ratios(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
@@ -546,10 +561,11 @@ def ratios(table: dict[str, Any]) -> dict[str, Any]:
             out[f"{ours}/trl-ppo"] = pair_ratios(table[ours], table["trl-ppo"])
     if "llmrl-ppo" in table and "peak_gpu_mib" not in table["llmrl-ppo"]:  # the issue's figures are CPU ones
         out["llmrl-ppo/issue-trl-ppo"] = {k: table["llmrl-ppo"][k] / v for k, v in ISSUE_PPO.items()}
-    trl_best = min((table[n] for n in ("trl-grpo", "trl-grpo-vllm") if n in table), key=lambda r: r["s_per_step"],
-                   default=None)
-    for ours in ("llmrl-vllm", "llmrl-vllm-adapter", "llmrl-vllm-bf16", "llmrl-grpo-fast", "llmrl-grpo-fast-adapters"):
-        if ours in table and trl_best is not None:
+    trl_best = min((table[n] for n in table if split_contender(n)[0] in ("trl-grpo", "trl-grpo-vllm")),
+                   key=lambda r: r["s_per_step"], default=None)
+    for ours in table:
+        if split_contender(ours)[0] in ("llmrl-vllm", "llmrl-vllm-adapter", "llmrl-vllm-bf16", "llmrl-grpo-fast",
+                                        "llmrl-grpo-fast-adapters") and trl_best is not None:
             out[f"{ours}/fastest TRL ({trl_best['label']})"] = pair_ratios(table[ours], trl_best)
     for ours in ("llmrl-vllm", "llmrl-vllm-adapter", "llmrl-vllm-bf16"):  # issue 29: the engine's memory
         if ours in table and "llmrl-grpo-fast" in table:
@@ -625,9 +641,12 @@ def main() -> None:
         Path(a.child_out).write_text(json.dumps(result, default=str))
         return
     names = [n for n in a.only.split(",") if n]
-    unknown = [n for n in names if n not in CONTENDERS + OPTIONAL]
+    unknown = [n for n in names if split_contender(n)[0] not in CONTENDERS + OPTIONAL]
     if unknown:
         raise SystemExit(f"unknown contender '{unknown[0]}'; valid: {', '.join(CONTENDERS + OPTIONAL)}")
+    bad = [n for n in names if (split_contender(n)[1] or a.dtype) not in DTYPES]
+    if bad:
+        raise SystemExit(f"unknown dtype in '{bad[0]}'; valid: {', '.join(DTYPES)}")
     try:
         import trl  # noqa: F401
     except ImportError:
@@ -637,7 +656,8 @@ def main() -> None:
     t0 = time.perf_counter()
     for rep in range(a.reps):
         for name in names:
-            r = run_child(name, model, a.steps, a.timeout, dtype=a.dtype, seed=a.seed, lr=a.lr,
+            base, dtype = split_contender(name)
+            r = run_child(base, model, a.steps, a.timeout, dtype=dtype or a.dtype, seed=a.seed, lr=a.lr,
                           trl_gc=a.trl_gradient_checkpointing)
             if r is not None:
                 runs[name].append(r)
