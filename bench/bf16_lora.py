@@ -62,14 +62,14 @@ def fwd_bwd(peft: torch.nn.Module, ids: torch.Tensor, name: str) -> float:
         loss = -torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).mean()
     loss.backward()
     peft.zero_grad(set_to_none=True)
-    return float(loss)
+    return float(loss.detach())
 
 
 @torch.no_grad()
 def decode_step(peft: torch.nn.Module, ids: torch.Tensor, cache: Any, name: str) -> None:
     with mode(peft, name):
-        peft(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True)
-    cache.crop(ids.shape[1] - 1)  # back to the prefill: every timing decodes the same position
+        peft(input_ids=ids[:, -1:], cache=cache, use_cache=True)
+    cache.crop(-1)  # the token just added removed: every timing decodes the same position
 
 
 def prefill(peft: torch.nn.Module, ids: torch.Tensor, name: str) -> Any:

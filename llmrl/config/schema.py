@@ -38,6 +38,10 @@ class ModelConfig:
                      "with AMX; on a CPU with avx512_bf16 alone, what a cached microbenchmark of the model's products "
                      "says; else float32; llmrl/config/precision.py)", choices=("auto", "float32", "bfloat16", "float16"))
     device: str = opt("cpu", "where to run", choices=("cpu", "cuda", "auto"))
+    attention: str = opt("auto", "attention kernel; 'auto': a decoding step of a bfloat16/float16 model on the CPU through plain "
+                         "products with a float32 softmax (SDPA's CPU kernel is slower there; llmrl/models/attention.py), "
+                         "SDPA for everything else",
+                         choices=("auto", "sdpa", "eager"))
     trust_remote_code: bool = opt(False, "let transformers run code shipped with the model")
     share_prompts: bool = opt(
         True, "run each distinct prompt once per forward and let all its samples attend to its key/value "

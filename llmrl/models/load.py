@@ -12,6 +12,7 @@ from ..config import precision
 from ..config.model_defaults import device_kind
 from ..config.schema import ModelConfig
 from ..errors import ConfigError
+from .attention import set_attention
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -98,4 +99,5 @@ def load_base(cfg: ModelConfig, show_progress: bool = True) -> tuple[PreTrainedM
         tokenizer.pad_token = tokenizer.eos_token
     model.to(device).eval()
     model.requires_grad_(False)
+    set_attention(model, cfg.attention)
     return model, tokenizer
