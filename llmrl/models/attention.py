@@ -1,29 +1,22 @@
-"""Decoding attention for a half-precision model on the CPU: plain products instead of SDPA's kernel.
+"""Decoding attention for a half-precision model on the CPU: SDPA on packed grouped heads.
 
-torch's CPU `scaled_dot_product_attention` runs bfloat16 through its flash kernel, which on a CPU
-without AMX is slow for a decoding step's single query: on the 2-core AMD EPYC of
-docs/performance.md (avx512_bf16, no AMX) a SmolLM2 decoding step of 64 rows spent 45 % of its time
-in that kernel, 3 ms a layer against 0.65 ms in float32; with this module the step is 1.3x faster
-(`bench/attention_cpu.py`). For a one-token query (q = 1) `cpu_half_attention` computes, for each
-key/value head g and the `rep` query heads that share it (grouped-query attention without copying K
-and V `rep` times: the heads are stacked on the query axis),
+A decoding step asks for one query token per row. transformers' SDPA path then runs grouped-query
+attention (9 query heads sharing 3 key/value heads in SmolLM2) in one of two ways: with a padding
+mask it packs the `rep` query heads of each group onto the query axis, (B, H, 1, D) → (B, KVH, rep, D),
+and calls `scaled_dot_product_attention` on the key/value heads as they are; without a mask (no row
+of the batch is padded) it passes `enable_gqa=True` instead. torch's CPU kernel runs the second
+5x slower in bfloat16 (2.35 against 0.46 ms a layer for 64 rows and 48 keys; 4.10 against 0.82 at 96
+keys; on the 2-core AMD EPYC of docs/performance.md, avx512_bf16, no AMX), while in float32 it is the
+faster one. So an unpadded bfloat16 batch decoded 1.27x slower than the same batch with one padded row
+(`bench/attention_cpu.py`).
 
-    S = (Q_g · K_gᵀ) · scale      (B, KVH, rep·q, L), the product in the model's dtype, then float32
-    S[masked] = float32 min       (a finite floor: a row with nothing to attend to, a left pad's
-                                   query, gets a uniform average instead of NaN)
-    P = softmax(S) in float32, cast to the model's dtype
-    O = P · V_g                   (B, KVH, rep·q, D) → (B, q, H, D)
+`cpu_half_attention` gives such a call an all-True mask (B, 1, 1, L), which sends it down the packed
+path, and otherwise is transformers' `sdpa_attention_forward` unchanged: the same kernel, the same
+float32 accumulation, the keys every row could attend to anyway. Float32/float64 models, CUDA,
+queries of several tokens and calls that carry a mask are not touched (bit for bit SDPA).
 
-which is transformers' `eager` attention without its `repeat_kv` copies: the scores are rounded to
-the model's dtype by the product, where SDPA's kernel keeps them in float32 (measured against float32:
-mean |Δ logit| 0.130 with eager's rounding, 0.122 with SDPA's, in bf16 where either is ±0.9 from float32).
-Everything else goes to transformers' own `sdpa_attention_forward`, unchanged: float32/float64
-models, CUDA, dropout, a position bias, per-head masks, scores of more than `MAX_SCORES` elements, and
-every query of several tokens — prefills and the training forwards, whose log-probabilities make the
-ratio π/π_old: both forwards keep SDPA's float32 scores, and the update's forward + backward measured
-no faster with these products (1.00-1.16x against an A/A spread of 1.13x).
-
-`model.attention` picks it: 'auto' = this on a CPU half-precision model, SDPA elsewhere.
+`model.attention: auto` picks it for a half-precision model on the CPU; 'sdpa' and 'eager' are
+transformers' own.
 """
 
 from __future__ import annotations
@@ -36,44 +29,21 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "llmrl_cpu_half"
 HALF = (torch.bfloat16, torch.float16)
-MAX_SCORES = 1 << 22  # 4 Mi float32 scores (16 MiB) a layer: above it, SDPA's blockwise kernel
 
 
 def cpu_half_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
-                       dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None,
                        **kwargs: object) -> tuple[Tensor, None]:
     """transformers' attention signature: query (B, H, q, D), key/value (B, KVH, L, D), a boolean mask
     (B, 1, q, L) (True = attend) or None; returns (B, q, H, D) and no weights."""
-    b, h, q, d = query.shape
-    kvh = key.shape[1]
-    if not _math_applies(query, key, attention_mask, dropout, kwargs):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
-    rep = h // kvh
-    scale = scaling if scaling is not None else d**-0.5
-    scores = torch.matmul(query.reshape(b, kvh, rep * q, d), key.transpose(-1, -2)).float() * scale
-    allowed = _allowed(attention_mask, rep)
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed, torch.finfo(torch.float32).min)
-    probs = torch.softmax(scores, dim=-1).to(value.dtype)
-    out = torch.matmul(probs, value).reshape(b, h, q, d)
-    return out.transpose(1, 2).contiguous(), None
+    if attention_mask is None and _unpadded_half_decoding(module, query):
+        attention_mask = torch.ones(query.shape[0], 1, 1, key.shape[2], dtype=torch.bool, device=query.device)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
-def _math_applies(query: Tensor, key: Tensor, mask: Tensor | None, dropout: float, kwargs: dict) -> bool:
-    b, h, q, _ = query.shape
-    return (q == 1 and query.device.type == "cpu" and query.dtype in HALF and dropout == 0.0
-            and kwargs.get("position_bias") is None and kwargs.get("softcap") is None
-            and h % key.shape[1] == 0 and b * h * q * key.shape[2] <= MAX_SCORES
-            and (mask is None or (mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1)))
-
-
-def _allowed(mask: Tensor | None, rep: int) -> Tensor | None:
-    """(B or 1, 1, rep, L) booleans: the keys each stacked query row may attend to (a one-token query's
-    mask repeated for the `rep` heads of its group); None: every key."""
-    if mask is None or rep == 1:
-        return mask
-    return mask.repeat(1, 1, rep, 1)
+def _unpadded_half_decoding(module: nn.Module, query: Tensor) -> bool:
+    """A one-token query of grouped heads in bfloat16/float16 on the CPU (the call to re-route)."""
+    return (query.shape[2] == 1 and query.device.type == "cpu" and query.dtype in HALF
+            and getattr(module, "num_key_value_groups", 1) > 1)
 
 
 AttentionInterface.register(NAME, cpu_half_attention)
