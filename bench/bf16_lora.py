@@ -12,7 +12,9 @@ float32 ones that adapter path is a growing share of a step. Contenders, alterna
 
 Timed: one forward + backward of the LoRA'd model over `--rows` rows of `--tokens` tokens (the update's
 shape; loss = mean log-prob of the next token, like the policy term), and one decoding step of `--decode-rows`
-rows against a `--tokens` KV cache (generation's shape). Medians of `--reps` after a warm-up.
+rows against a `--tokens` KV cache (generation's shape). Medians of `--reps` after a warm-up. The
+models are transformers' own with SDPA and an unpadded batch, so every bfloat16 decoding step here
+takes SDPA's slow `enable_gqa` kernel (llmrl/models/attention.py): the contenders compare alike.
 
     python bench/bf16_lora.py --model <SmolLM2 folder> --rows 16 --tokens 64 --decode-rows 64 --reps 5 \
         --out bench/results-bf16-lora.json

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from llmrl.config.schema import ModelConfig
+from llmrl.errors import ConfigError
 from llmrl.models.attention import NAME, attention_for, cpu_half_attention, set_attention
 from llmrl.models.load import load_base
 
@@ -104,3 +106,22 @@ def test_load_base_sets_it_and_a_saved_model_does_not_name_it(tiny_model_dir: Pa
     assert NAME not in (tmp_path / "config.json").read_text()
     assert "attn" not in "".join(json.loads((tmp_path / "config.json").read_text()))
     AutoModelForCausalLM.from_pretrained(tmp_path)  # loads in plain transformers
+
+
+def test_auto_leaves_a_model_not_loaded_with_sdpa_as_it_is_and_a_named_kernel_it_refuses_is_one_sentence(
+        monkeypatch) -> None:
+    # 'auto' wraps SDPA only: a bfloat16 model running transformers' eager attention keeps it (a model
+    # class without SDPA is loaded that way), and a float32 one keeps what it was loaded with.
+    model = make_tiny_model().to(torch.bfloat16)
+    model.set_attn_implementation("eager")
+    assert attention_for("auto", model) == "eager" and set_attention(model, "auto") == "eager"
+    assert model.config._attn_implementation == "eager"
+
+    def refuse(_name: str) -> None:  # what transformers raises for a class that lacks a kernel
+        raise ValueError("LlamaForCausalLM does not support an attention implementation through torch.nn.functional.scaled_dot_product_attention yet.")
+
+    monkeypatch.setattr(model, "set_attn_implementation", refuse)
+    with pytest.raises(ConfigError, match=r"^model.attention=sdpa is not available for this model: LlamaForCausalLM"):
+        set_attention(model, "sdpa")
+    model.config._attn_implementation = "sdpa"  # loaded with SDPA: 'auto' would re-route, the class refuses
+    assert set_attention(model, "auto") == "sdpa" and model.config._attn_implementation == "sdpa"

@@ -27,6 +27,8 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from ..errors import ConfigError
+
 NAME = "llmrl_cpu_half"
 HALF = (torch.bfloat16, torch.float16)
 
@@ -51,18 +53,27 @@ AttentionMaskInterface.register(NAME, sdpa_mask)  # the same boolean masks as SD
 
 
 def attention_for(setting: str, model: PreTrainedModel) -> str:
-    """The attention implementation `model.attention` asks for: 'auto' → this module's on a CPU
-    half-precision model, else 'sdpa'; 'sdpa' and 'eager' as named (transformers' own)."""
+    """The implementation `model.attention` asks for: 'sdpa' and 'eager' as named (transformers' own);
+    'auto' → this module's for a CPU half-precision model loaded with SDPA (it wraps SDPA), else the
+    implementation the model was loaded with, left as it is."""
+    loaded = model.config._attn_implementation
     if setting != "auto":
         return setting
     on_cpu_half = model.device.type == "cpu" and model.dtype in HALF
-    return NAME if on_cpu_half else "sdpa"
+    return NAME if on_cpu_half and loaded == "sdpa" else loaded
 
 
 def set_attention(model: PreTrainedModel, setting: str) -> str:
-    """Switch `model` to the implementation `attention_for` picks (only where it differs from what the
-    model was loaded with); returns its name."""
-    name = attention_for(setting, model)
-    if model.config._attn_implementation != name:
+    """Switch `model` to the implementation `attention_for` picks; returns its name. A model that
+    cannot take it keeps its own under 'auto', and is refused in one sentence for a named setting."""
+    name, loaded = attention_for(setting, model), model.config._attn_implementation
+    if name == loaded:
+        return name
+    try:
         model.set_attn_implementation(name)
+    except (ValueError, ImportError, NotImplementedError) as exc:
+        if setting == "auto":
+            return loaded
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"model.attention={setting} is not available for this model: {first}") from None
     return name
