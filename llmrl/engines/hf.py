@@ -8,7 +8,7 @@ uniforms. The engine samples from the stack's current adapters, so `sync` has no
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -17,6 +17,7 @@ from torch import Tensor
 
 from ..models.decoding import ReservedCache, skinny_head
 from ..models.merged import mergeable, merged_actor, merged_size
+from ..models.packed import packed_linears, packed_size
 from ..models.prefix import distinct_prompts, shared_prefill, with_cache
 from ..models.stack import PolicyStack, tempered, token_logprobs
 from ..models.tokenizer import stop_token_ids
@@ -58,6 +59,14 @@ def _inverse_cdf(weights: Tensor, uniforms: Tensor) -> Tensor:
     return torch.searchsorted(cdf, target, right=True).clamp(max=cdf.shape[-1] - 1).squeeze(-1)
 
 
+@contextmanager
+def decoding_kernels(model: Any, rows: int, pack: bool) -> Iterator[None]:
+    """The products a decoding of `rows` rows runs on: every linear layer on a prepacked weight when
+    `pack` and the model allow (models/packed.py), and an LM head left plain as W · xᵀ (models/decoding.py)."""
+    with (packed_linears(model, rows) if pack else nullcontext()), skinny_head(model):
+        yield
+
+
 @torch.no_grad()
 def generate(
     stack: PolicyStack,
@@ -73,6 +82,7 @@ def generate(
     logprobs: bool = False,
     all_done: Callable[[bool], bool] | None = None,
     cache: ReservedCache | None = None,
+    pack: bool = False,
 ) -> Generation:
     """Decode up to `max_new_tokens` per row with the model's KV cache, in the caller's role.
 
@@ -85,14 +95,15 @@ def generate(
     a row ends at its first, which its mask includes. `all_done(finished here) -> stop`: with a
     sharded base every forward is a collective, so decoding stops only when every process is done
     (`DistContext.all_done`). `cache`: an empty cache to decode into, which the caller keeps
-    (`engines/hf_turns.py`); by default a fresh one.
+    (`engines/hf_turns.py`); by default a fresh one. `pack`: decode through prepacked copies of the
+    linear weights where the model allows (models/packed.py).
     """
     model = stack.lm
     attention = prompt_mask.long()
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     cache = ReservedCache(max_new_tokens) if cache is None else cache  # room for every new token: no torch.cat per token
     groups = distinct_prompts(prompt_ids, prompt_mask) if stack.share_prompts else None
-    with skinny_head(model):  # the (N, 1, V) decoding logits as W · xᵀ (models/decoding.py)
+    with decoding_kernels(model, prompt_ids.shape[0], pack):
         logits = shared_prefill(model, prompt_ids, attention, positions, cache, groups)
         return decode(model, logits, cache, attention, positions[:, -1:], max_new_tokens=max_new_tokens,
                       eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p, uniforms=uniforms,
@@ -144,6 +155,7 @@ class HFEngine:
     name: str = "hf"
     own_weights: bool = False  # samples from the stack itself: its decoding log-probs are log π_old
     merge: bool = True  # decode the actor through W + s·B·A (models/merged.py) where it is `mergeable`
+    pack: bool = True  # decode through prepacked linear weights (models/packed.py) where the model allows
 
     @contextmanager
     def acting(self, role: str) -> Iterator[None]:
@@ -165,7 +177,8 @@ class HFEngine:
         with self.acting(request.role):
             return generate(self.stack, ids, mask, max_new_tokens=settings.max_new_tokens, eos_id=self.stop_ids,
                             pad_id=self.pad_id, temperature=settings.temperature, top_p=settings.top_p,
-                            uniforms=uniforms, logprobs=request.logprobs, all_done=self.dist.all_done)
+                            uniforms=uniforms, logprobs=request.logprobs, all_done=self.dist.all_done,
+                            pack=self.pack)
 
     def turn_decoder(self, role: str) -> Any:
         """An episode batch's decoder that keeps every episode's KV cache from turn to turn
@@ -181,9 +194,12 @@ class HFEngine:
         return {}
 
     def memory(self) -> list[tuple[str, int, int]]:
-        """(what, elements, bytes) the engine adds: the merged actor's copy W′ while it generates."""
+        """(what, elements, bytes) the engine adds while it generates: the merged actor's copy W′ and the
+        prepacked copies of the linear weights."""
         n, size = merged_size(self.stack) if self.merge else (0, 0)
-        return [("hf engine: merged actor W + s·B·A (while generating)", n, size)] if n else []
+        p, packed = packed_size(self.stack.lm) if self.pack else (0, 0)
+        return ([("hf engine: merged actor W + s·B·A (while generating)", n, size)] if n else []) + (
+            [("hf engine: prepacked linear weights (while generating)", p, packed)] if p else [])
 
 
 @register_engine("hf")
@@ -191,6 +207,9 @@ def hf_engine(*, stack: PolicyStack, tokenizer: Any, config: Any = None, dist: D
               longest_prompt: int | None = None, response_tokens: int | None = None) -> HFEngine:
     """The `hf` engine of a run: the stack, its stop and pad ids, the run's collectives (it reserves
     nothing ahead, so `longest_prompt` and `response_tokens` do not size it). The actor decodes
-    through merged weights unless `engine.merge_lora` is off or `dist.shard_base` splits W."""
-    merge = config is None or (config.engine.merge_lora and not config.dist.shard_base)
-    return HFEngine(stack, stop_token_ids(tokenizer, stack.lm), tokenizer.pad_token_id, dist, merge=merge)
+    through merged weights unless `engine.merge_lora` is off or `dist.shard_base` splits W, and every
+    decoding through prepacked weights unless `engine.pack_weights` is off or the base is sharded."""
+    whole = config is None or not config.dist.shard_base
+    merge = whole and (config is None or config.engine.merge_lora)
+    pack = whole and (config is None or config.engine.pack_weights)
+    return HFEngine(stack, stop_token_ids(tokenizer, stack.lm), tokenizer.pad_token_id, dist, merge=merge, pack=pack)

@@ -36,6 +36,7 @@ from transformers import PreTrainedModel
 from ..config.schema import LoraConfig
 from ..errors import ConfigError
 from .masters import float32_masters, release
+from .decoding import wide
 from .prefix import distinct_prompts, shared_prefix_hidden
 from .top_layers import capture_layer_input, decoder_layers, from_layer, layer_input
 
@@ -277,6 +278,7 @@ class PolicyStack(nn.Module):
                 h = shared_prefix_hidden(decoder, seq.ids, seq.attention, seq.positions, p, groups)
             else:
                 h = self._plain(seq)[:, p - 1 : -1]
+                h = h.contiguous() if wide(h) else h  # not a copy of W per row in the LM head (models/decoding.py)
         if keep is not None:  # shared prompts: the distinct prompts' part, then every row's response part
             keep.append(parts[0] if groups is None else torch.cat([parts[0][groups.inverse], parts[1]], dim=1))
         return h
