@@ -144,3 +144,19 @@ def test_the_engine_lists_the_copies_and_the_switch_turns_packing_off() -> None:
     assert engine.pack and ("hf engine: prepacked linear weights (while generating)", n, size) in engine.memory()
     off = hf_engine(stack=stack, tokenizer=TOK, config=load_config(overrides={"engine.pack_weights": False}))
     assert not off.pack and not any("prepacked" in row[0] for row in off.memory())
+
+
+def test_a_weight_onednn_refuses_to_pack_leaves_its_layer_plain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU without bfloat16 support in oneDNN: `_reorder_linear_weight` raises; decoding runs plain."""
+    stack = _stack(torch.bfloat16)
+    plain = HFEngine(stack, TOK.eos_token_id, TOK.pad_token_id, pack=False).generate(_request())
+
+    def refuse(*_: object) -> None:
+        raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx512bw, avx512vl and avx512dq")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
+    with torch.no_grad(), packed_linears(stack.lm, 8):
+        assert not any("forward" in m.__dict__ for m in _linears(stack.lm, frozen=False))
+    packed = HFEngine(stack, TOK.eos_token_id, TOK.pad_token_id, pack=True).generate(_request())
+    assert torch.equal(packed.response_ids, plain.response_ids)  # the plain path itself: the same bits
+    assert packed.logprobs is not None and plain.logprobs is not None and torch.equal(packed.logprobs, plain.logprobs)

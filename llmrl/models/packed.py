@@ -78,7 +78,8 @@ def _packed_forward(layer: nn.Linear, packed: Tensor, x: Tensor) -> Tensor:
 @contextmanager
 def packed_linears(model: nn.Module, rows: int) -> Iterator[None]:
     """Within the block, every plain linear layer of a `packable` model runs on a copy of its weight
-    packed for `rows` rows at a time (the module docstring); afterwards every layer runs its class's
+    packed for `rows` rows at a time (the module docstring); a layer oneDNN refuses to pack (bfloat16
+    on a CPU without the instructions for it) stays plain. Afterwards every layer runs its class's
     forward again and the copies are freed. The weights themselves are not touched, so a layer
     whose weight is replaced inside the block (it is not, in decoding) would still use the old copy."""
     if not packable(model):
@@ -88,7 +89,10 @@ def packed_linears(model: nn.Module, rows: int) -> Iterator[None]:
     try:
         with torch.no_grad():
             for layer in _linears(model):
-                packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), max(rows, 1))
+                try:
+                    packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), max(rows, 1))
+                except RuntimeError:  # oneDNN refuses this dtype on this CPU (bfloat16 without avx512bw…)
+                    continue  # the layer stays plain
                 layer.forward = lambda x, layer=layer, packed=packed: _packed_forward(layer, packed, x)
                 layers.append(layer)
         yield
