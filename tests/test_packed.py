@@ -23,11 +23,12 @@ from tests.conftest import make_tiny_model
 TOK = build_char_tokenizer()
 
 
-def _model(dtype: torch.dtype, hidden: int = 256) -> LlamaForCausalLM:
-    """A random 2-layer Llama as wide as packing asks for (hidden 256), the char tokenizer's vocabulary."""
+def _model(dtype: torch.dtype, hidden: int = 256, bias: bool = False) -> LlamaForCausalLM:
+    """A random 2-layer Llama as wide as packing asks for (hidden 256), the char tokenizer's vocabulary;
+    `bias`: q, k, v, o with biases (as Qwen2's q, k, v)."""
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=len(TOK), hidden_size=hidden, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=2 * hidden, max_position_embeddings=64,
+                      num_key_value_heads=2, intermediate_size=2 * hidden, max_position_embeddings=64, attention_bias=bias,
                       pad_token_id=TOK.pad_token_id, bos_token_id=TOK.bos_token_id, eos_token_id=TOK.eos_token_id)
     return LlamaForCausalLM(cfg).to(dtype).eval().requires_grad_(False)  # frozen, as a stack's base
 
@@ -49,9 +50,15 @@ def _linears(model: nn.Module, frozen: bool = True) -> list[nn.Linear]:
     return [m for m in model.modules() if type(m) is nn.Linear and (not frozen or not m.weight.requires_grad)]
 
 
+@pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_every_linear_layer_runs_packed_with_the_plain_products_numbers_and_gets_its_forward_back(dtype) -> None:
-    model = _model(dtype)
+def test_every_linear_layer_runs_packed_with_the_plain_products_numbers_and_gets_its_forward_back(dtype, bias) -> None:
+    model = _model(dtype, bias=bias)
+    for layer in model.model.layers:  # random biases: nn.Linear's default init would leave them small, not zero
+        for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
+            if proj.bias is not None:
+                torch.nn.init.normal_(proj.bias, std=0.5)
+    assert (model.model.layers[0].self_attn.q_proj.bias is not None) == bias
     assert packable(model)
     layers = _linears(model)
     weights = [m.weight for m in layers]
