@@ -319,7 +319,7 @@ class EngineConfig:
     )
     pack_weights: bool = opt(
         True, "hf engine on the CPU: decode through copies of the linear weights laid out for oneDNN's kernel "
-        "(1.2-1.9x per decoding product), made before each generation and freed after; models of hidden size "
+        "(1.2-1.8x per decoding product), made before each generation and freed after; models of hidden size "
         ">= 256 (models/packed.py)",
     )
 

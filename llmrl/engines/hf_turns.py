@@ -71,7 +71,7 @@ class CachedTurns:
                 gen = generate(stack, ids.to(device), mask.to(device), max_new_tokens=settings.max_new_tokens,
                                eos_id=engine.stop_ids, pad_id=engine.pad_id, temperature=settings.temperature,
                                top_p=settings.top_p, uniforms=uniforms, logprobs=logprobs,
-                               all_done=engine.dist.all_done, cache=self.cache, pack=engine.pack)
+                               all_done=engine.dist.all_done, cache=self.cache)  # unpacked: models/packed.py
                 self.slots = [[t if m else None for t, m in zip(r, k)] for r, k in zip(ids.tolist(), mask.tolist())]
             else:
                 gen = self._continue(episodes, sequences, settings, uniforms, logprobs)
@@ -102,7 +102,7 @@ class CachedTurns:
         positions = (torch.tensor(counts).unsqueeze(1) + mask.long().cumsum(-1) - 1).clamp(min=0).to(model.device)
         self.slots = [[t if k else None for t, k in zip(self.slots[r], keep)] + [t if m else None for t, m in zip(i, ms)]
                       for r, keep, i, ms in zip(rows, kept, ids.tolist(), mask.tolist())]
-        with decoding_kernels(model, ids.shape[0], engine.pack):
+        with decoding_kernels(model, ids.shape[0], pack=False):  # a turn of a few tokens: models/packed.py
             logits = model(input_ids=ids.to(model.device), attention_mask=attention, position_ids=positions,
                            logits_to_keep=1, **with_cache(model, self.cache)).logits
             return decode(model, logits, self.cache, attention, positions[:, -1:],

@@ -15,7 +15,8 @@
    bit-identical at 16-100 rows on the CPU of docs/performance.md, not at 8 (bench/decode_kernels.py).
 
 Both are used only by the `hf` engine's `generate`; training forwards (many rows) keep the plain
-paths.
+paths, but for `wide`: a strided slice of a model of hidden size ≥ 256 reaches the LM head as
+contiguous rows wherever it is computed (`stack.hidden` too).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def wide(x: Tensor) -> bool:
     batched product with the weight copied once per batch row (SmolLM2's LM head on the prefill's last
     positions, 8 rows: 726 against 8 ms in bfloat16, 78 against 18 in float32). Smaller models keep
     the plain path, so their numbers stay bit for bit what they were (the copy is small there)."""
-    return x.shape[-1] >= WIDE and x.dim() > 2 and not x.is_contiguous()
+    return x.shape[-1] >= WIDE and x.dim() > 2 and x.device.type == "cpu" and not x.is_contiguous()
 
 
 class ReservedLayer(DynamicLayer):

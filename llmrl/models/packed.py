@@ -12,24 +12,27 @@ layer of the 30 and the LM head, weights cold in the cache, `bench/packed_decode
 and 1.83× (float32) at 8 rows on 1 thread, 1.22× and 1.62× at 64 rows on 2 threads; a whole generation
 of 64 rows × 20 tokens 1.03× (bfloat16) and 1.20× (float32).
 
-The numbers: in bfloat16, and in float32 on one thread, the packed product gave the same bits as
-`F.linear` on every shape tried on this CPU (oneDNN is torch's CPU kernel for those too); in float32
-on several threads torch's plain product is MKL's and rounds differently (≤ 1.5e-4 per product on
-SmolLM2's shapes), as any two kernels do, so tokens may part where two are nearly tied.
+The numbers: in bfloat16 the packed product gave the same bits as `F.linear` on every shape tried on
+this CPU (oneDNN is torch's CPU kernel for it too); in float32 torch's plain product is another
+kernel's (MKL's) and sums in another order (1e-6 … 1.5e-4 per product on SmolLM2's shapes), as any
+two kernels do, so sampled tokens may part where two are nearly tied.
 
 Cost: one copy of every packed weight while the block runs (SmolLM2-135M: its 30 layers and the LM
-head, 134.5 M numbers, 538 MB in float32, 269 MB in bfloat16), made at entry (0.13 s in bfloat16,
-0.24 s in float32 there) and freed at exit; the start-up table lists it (`HFEngine.memory`). Only
-no-grad calls take the packed path: a layer called with gradients on runs its plain forward.
+head: 211 layers, 134.5 M numbers, 538 MB in float32, 269 MB in bfloat16), made at entry (0.09-0.11 s
+in bfloat16, 0.19-0.30 s in float32 there) and freed at exit; the start-up table lists it
+(`HFEngine.memory`). Only no-grad calls take the packed path: a layer called with gradients on runs
+its plain forward. bfloat16 weights are packed only where oneDNN has the instructions for them.
 
-Used only by the `hf` engine's decoding (`engine.pack_weights`), on models of hidden size ≥ 256:
-below that (the built-in tiny model) a product is too small for the layout to matter, and the
-built-in default keeps its numbers bit for bit.
+Used only by the `hf` engine's `generate` (`engine.pack_weights`; rollouts and evaluations, not the
+turns of an episode batch, which would pack again at every turn of a few tokens), on models of hidden
+size ≥ 256: below that (the built-in tiny model) a product is too small for the layout to matter, and
+the built-in default keeps its numbers bit for bit.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import partial
 from typing import Iterator
 
 import torch
@@ -38,25 +41,35 @@ from torch import Tensor, nn
 from .decoding import WIDE
 
 MIN_HIDDEN = WIDE  # 256: smaller models decode through the plain products (the module docstring)
-DTYPES = (torch.float32, torch.bfloat16)
+ADAPTER_PARTS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "modules_to_save", "original_module")
 
 
 def packable(model: nn.Module) -> bool:
-    """Whether `model`'s decoding packs its linear layers: on the CPU, with oneDNN, hidden size ≥ 256,
-    weights in float32 or bfloat16."""
-    hidden = getattr(getattr(model, "config", None), "hidden_size", 0) or 0
-    return (torch.backends.mkldnn.is_available() and hidden >= MIN_HIDDEN
+    """Whether `model`'s decoding packs its linear layers: on the CPU, with oneDNN enabled, hidden size
+    ≥ 256 (of the text model, for a composite config), and some layer `_linears` takes."""
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    hidden = getattr(text, "hidden_size", 0) or 0
+    return (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled and hidden >= MIN_HIDDEN
             and bool(_linears(model)))
 
 
+def _dtypes() -> tuple[torch.dtype, ...]:
+    """The weight dtypes oneDNN packs on this CPU: float32, and bfloat16 where it has the instructions."""
+    return (torch.float32, torch.bfloat16) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else (torch.float32,)
+
+
 def _linears(model: nn.Module) -> list[nn.Linear]:
-    """The plain linear layers of `model` whose weight is a frozen CPU float32/bfloat16 tensor and whose
-    forward is the class's own (a layer another decoding saving already rerouted is left to it). The
-    trainable LoRA A and B stay plain: their products are skinny (rank 4…64) and in float32 on a
-    bfloat16 base, where a packed product's rounding would move the base's bits."""
-    return [m for m in model.modules()
-            if type(m) is nn.Linear and "forward" not in m.__dict__ and type(m.weight.data) is Tensor
-            and not m.weight.requires_grad and m.weight.device.type == "cpu" and m.weight.dtype in DTYPES]
+    """The base's plain linear layers of `model`: frozen CPU weights of a dtype oneDNN packs here, a
+    forward that is the class's own (a layer another decoding saving already rerouted is left to it).
+    peft's modules are left plain — the LoRA A and B of every adapter (skinny products, rank 4…64, in
+    float32 on a bfloat16 base, where a packed product's rounding would move the base's bits; an
+    inactive adapter's are frozen but never called) and modules_to_save's copies."""
+    dtypes = _dtypes()
+    return [m for name, m in model.named_modules()
+            if type(m) is nn.Linear and not any(part in ADAPTER_PARTS for part in name.split("."))
+            and "forward" not in m.__dict__ and type(m.weight.data) is Tensor and not m.weight.requires_grad
+            and m.weight.device.type == "cpu" and m.weight.dtype in dtypes]
 
 
 def packed_size(model: nn.Module) -> tuple[int, int]:
@@ -67,10 +80,11 @@ def packed_size(model: nn.Module) -> tuple[int, int]:
     return sum(m.weight.numel() for m in layers), sum(m.weight.numel() * m.weight.element_size() for m in layers)
 
 
-def _packed_forward(layer: nn.Linear, packed: Tensor, x: Tensor) -> Tensor:
-    """layer(x) through the packed weight: x (..., in) → (..., out). With gradients on, or an input
-    of another dtype than the weight, the plain product."""
-    if torch.is_grad_enabled() or x.dtype != packed.dtype:
+def _packed_forward(layer: nn.Linear, packed: Tensor, source: int, x: Tensor) -> Tensor:
+    """layer(x) through the packed weight: x (..., in) → (..., out). The plain product instead with
+    gradients on, an input of another dtype than the weight, or a layer whose weight is no longer the
+    tensor packed (`source`: its data pointer then)."""
+    if torch.is_grad_enabled() or x.dtype != packed.dtype or layer.weight.data_ptr() != source:
         return nn.Linear.forward(layer, x)
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     out = torch.ops.mkldnn._linear_pointwise(rows, packed, layer.bias, "none", [], "")
@@ -79,11 +93,10 @@ def _packed_forward(layer: nn.Linear, packed: Tensor, x: Tensor) -> Tensor:
 
 @contextmanager
 def packed_linears(model: nn.Module, rows: int) -> Iterator[None]:
-    """Within the block, every plain linear layer of a `packable` model runs on a copy of its weight
-    packed for `rows` rows at a time (the module docstring); a layer oneDNN refuses to pack (bfloat16
-    on a CPU without the instructions for it) stays plain. Afterwards every layer runs its class's
-    forward again and the copies are freed. The weights themselves are not touched, so a layer
-    whose weight is replaced inside the block (it is not, in decoding) would still use the old copy."""
+    """Within the block, every layer `_linears` takes of a `packable` model runs on a copy of its
+    weight packed for `rows` rows at a time (the module docstring); a layer whose weight is replaced
+    inside the block runs plain from then on. Afterwards every layer runs its class's forward again
+    and the copies are freed."""
     if not packable(model):
         yield
         return
@@ -91,13 +104,10 @@ def packed_linears(model: nn.Module, rows: int) -> Iterator[None]:
     try:
         with torch.no_grad():
             for layer in _linears(model):
-                try:
-                    packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), max(rows, 1))
-                except RuntimeError:  # oneDNN refuses this dtype on this CPU (bfloat16 without avx512bw…)
-                    continue  # the layer stays plain
-                layer.forward = lambda x, layer=layer, packed=packed: _packed_forward(layer, packed, x)
+                packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), max(rows, 1))
                 layers.append(layer)
+                layer.forward = partial(_packed_forward, layer, packed, layer.weight.data_ptr())
         yield
     finally:
         for layer in layers:
-            del layer.forward
+            layer.__dict__.pop("forward", None)

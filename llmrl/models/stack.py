@@ -35,8 +35,8 @@ from transformers import PreTrainedModel
 
 from ..config.schema import LoraConfig
 from ..errors import ConfigError
-from .masters import float32_masters, release
 from .decoding import wide
+from .masters import float32_masters, release
 from .prefix import distinct_prompts, shared_prefix_hidden
 from .top_layers import capture_layer_input, decoder_layers, from_layer, layer_input
 
