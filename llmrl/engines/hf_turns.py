@@ -28,10 +28,10 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from ..models.decoding import ReservedCache
+from ..models.decoding import ReservedCache, skinny_head
 from ..models.prefix import with_cache
 from .base import Generation, SamplingSettings
-from .hf import HFEngine, decode, decoding_kernels, generate, key_uniforms
+from .hf import HFEngine, decode, generate, key_uniforms
 from .turns import left_pad
 
 Slots = list[int | None]
@@ -102,7 +102,7 @@ class CachedTurns:
         positions = (torch.tensor(counts).unsqueeze(1) + mask.long().cumsum(-1) - 1).clamp(min=0).to(model.device)
         self.slots = [[t if k else None for t, k in zip(self.slots[r], keep)] + [t if m else None for t, m in zip(i, ms)]
                       for r, keep, i, ms in zip(rows, kept, ids.tolist(), mask.tolist())]
-        with decoding_kernels(model, ids.shape[0], pack=False):  # a turn of a few tokens: models/packed.py
+        with skinny_head(model):  # unpacked: a turn of a few tokens would pack again (models/packed.py)
             logits = model(input_ids=ids.to(model.device), attention_mask=attention, position_ids=positions,
                            logits_to_keep=1, **with_cache(model, self.cache)).logits
             return decode(model, logits, self.cache, attention, positions[:, -1:],
