@@ -29,6 +29,11 @@ the step changes). Attention's QKᵀ and AV (4 · layers · H · context per tok
 token's linear FLOPs at 130 positions) and elementwise work are not counted, so FLOP/s is a slight
 underestimate; `--check` compares the hook count with torch.utils.flop_counter on one forward.
 
+**The batch**: the recipe's, with `rollout.filter_groups` off unless `--set` turns it on, so every step
+updates on all B·G rows (the fast recipe's filter keeps 1-5 of its 8 groups a step: an update of 8-40
+rows, whose rate is not the one of the issue's "batch ≥ 32 rows"; with it on the table gives the
+update's mean rows).
+
 **Per phase**, over the steps after the first (a warm-up): seconds and GFLOP per step (the metrics
 row's `time_<phase>_s`; GFLOP/s = their totals' ratio), % of the dtype's peak, and for generation the bandwidth bound:
 decoding steps × bytes of every weight the step reads (base + LoRA + head) / bandwidth, against the
@@ -199,8 +204,11 @@ def bf16_available(device: str) -> bool:
 
 def measure(recipe: str | None, dtype: str, steps: int, sets: list[str], check: bool, profile: bool = False) -> dict:
     """One configuration: its steps' phase seconds and FLOPs, and the machine's peak on its shapes."""
+    # every group trained on (no dynamic-sampling drops) unless --set says otherwise: the update then
+    # runs on the whole batch each step, the issue's "batch ≥ 32 rows", not on the 1-5 groups a
+    # filtered step of the fast recipe keeps
     overrides = {"out": tempfile.mkdtemp(prefix="roofline-"), "model.dtype": dtype, "eval.size": 0,
-                 "checkpoint.every": 0, "log.completions_every": 0}
+                 "checkpoint.every": 0, "log.completions_every": 0, "rollout.filter_groups": False}
     config = load_config(recipe, overrides=overrides, sets=sets)
     s = setup(config, NullReporter(), overwrite=True)
     lm = s.stack.lm
@@ -221,8 +229,10 @@ def measure(recipe: str | None, dtype: str, steps: int, sets: list[str], check: 
                 profiled = op_shares(prof)
                 break
             row = one_step.train_step(s, step)
+            kept = row.get("groups_kept")  # logged under rollout.filter_groups
             rows.append({"seconds": {p: row[f"time_{p}_s"] for p in PHASES}, "gflop": {p: meter.flops.get(p, 0.0) / 1e9 for p in PHASES},
-                         "decode_steps": meter.decode_steps, "step_s": row["step_time_s"]})
+                         "decode_steps": meter.decode_steps, "step_s": row["step_time_s"],
+                         "update_rows": int(kept * config.rollout.num_generations) if kept is not None else None})
     finally:
         one_step.PhaseClock.__call__ = plain
     text = lm.config.get_text_config()
@@ -279,6 +289,8 @@ def summarise(m: dict) -> list[dict]:
             alone = max(m["peak_gflops"][k] for k in m["decode_shapes"])  # its matmuls alone, at its width
             row.update(decode_steps=steps / n, bandwidth_bound_s=round(bound / n, 3), pct_bandwidth=round(100 * bound / sec, 1),
                        decode_shape_gflops=round(alone, 1), pct_decode_shapes=round(100 * rate / alone, 1))
+        if p == "update" and all(r.get("update_rows") is not None for r in counted):
+            row["update_rows"] = sum(r["update_rows"] for r in counted) / n  # fewer than the batch: groups dropped
         table.append(row)
     return table
 
@@ -309,6 +321,8 @@ def main() -> None:
             extra = (f"  bandwidth bound {row['bandwidth_bound_s']} s = {row['pct_bandwidth']} % of the phase; "
                      f"{row['pct_decode_shapes']} % of its own matmul shapes alone ({row['decode_shape_gflops']} GFLOP/s)"
                      if "bandwidth_bound_s" in row else "")
+            if "update_rows" in row:
+                extra = f"  on {row['update_rows']:.0f} rows a step (rollout.filter_groups dropped the rest)"
             print(f"  {row['phase']:<9} {row['seconds']:>8} s {row['gflop']:>9} GFLOP {row['gflops']} GFLOP/s "
                   f"{row['pct_peak']} % of peak{extra}")
         for phase, ops in m.get("profile", {}).items():
