@@ -17,12 +17,12 @@ float32 accumulation, the keys every row could attend to anyway. Float32/float64
 decoding steps that carry a mask and sequences without a graph are not touched (bit for bit SDPA).
 
 A query of several tokens in a forward that records a graph (the update's) runs SDPA on float32
-copies of q, k, v and casts the output back: torch's CPU flash-attention backward is 1.5-2x slower in
-bfloat16 than in float32 (11.6 against 7.7 ms a layer's forward + backward for 16 rows of 20 queries
-on 70 keys; 28 against 14 at 70 on 70; `bench/attention_train.py`). Without a graph (a prefill, the
-π_old forward) bfloat16's forward is the faster one (1.17 against 1.48 ms) and is kept; the two differ
-by bfloat16 rounding of the output (both kernels accumulate in float32), as products of another batch
-shape already do.
+copies of q, k, v and casts the output back: torch's CPU flash-attention backward is slower in
+bfloat16, so one layer's forward + backward takes 12.3 against 7.7 ms for 16 rows of 20 queries on 70
+keys, 24.5 against 12.7 at 70 on 70 (1.6-1.9x; `bench/attention_train.py`), and SmolLM2's bfloat16
+update ran 1.11-1.26x faster. Without a graph (a prefill, the π_old forward) bfloat16's forward is as
+fast or faster (1.10 against 1.21 ms) and is kept; the two differ by bfloat16 rounding of the output
+(both kernels accumulate in float32), as products of another batch shape already do.
 
 `model.attention: auto` picks it for a half-precision model on the CPU; 'sdpa' and 'eager' are
 transformers' own.
