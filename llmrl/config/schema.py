@@ -39,8 +39,8 @@ class ModelConfig:
                      "says; else float32; llmrl/config/precision.py)", choices=("auto", "float32", "bfloat16", "float16"))
     device: str = opt("cpu", "where to run", choices=("cpu", "cuda", "auto"))
     attention: str = opt("auto", "attention kernel; 'auto': SDPA, with a bfloat16/float16 model's unpadded decoding steps on the CPU "
-                         "sent down its packed grouped-head path (5x faster there than its enable_gqa one) and the "
-                         "update's attention run on float32 copies (1.6-1.9x faster forward + backward; llmrl/models/attention.py)",
+                         "sent down its packed grouped-head path (5x faster there than its enable_gqa one; "
+                         "llmrl/models/attention.py)",
                          choices=("auto", "sdpa", "eager"))
     trust_remote_code: bool = opt(False, "let transformers run code shipped with the model")
     share_prompts: bool = opt(

@@ -1,5 +1,4 @@
-"""Attention for a half-precision model on the CPU: decoding steps on packed grouped heads, sequences
-in float32.
+"""Decoding attention for a half-precision model on the CPU: SDPA on packed grouped heads.
 
 A decoding step asks for one query token per row. transformers' SDPA path then runs grouped-query
 attention (9 query heads sharing 3 key/value heads in SmolLM2) in one of two ways: with a padding
@@ -14,15 +13,7 @@ faster one. So an unpadded bfloat16 batch decoded 1.27x slower than the same bat
 `cpu_half_attention` gives such a call an all-True mask (B, 1, 1, L), which sends it down the packed
 path, and otherwise is transformers' `sdpa_attention_forward` unchanged: the same kernel, the same
 float32 accumulation, the keys every row could attend to anyway. Float32/float64 models, CUDA,
-decoding steps that carry a mask and sequences without a graph are not touched (bit for bit SDPA).
-
-A query of several tokens in a forward that records a graph (the update's) runs SDPA on float32
-copies of q, k, v and casts the output back: torch's CPU flash-attention backward is slower in
-bfloat16, so one layer's forward + backward takes 12.3 against 7.7 ms for 16 rows of 20 queries on 70
-keys, 24.5 against 12.7 at 70 on 70 (1.6-1.9x; `bench/attention_train.py`), and SmolLM2's bfloat16
-update ran 1.11-1.26x faster. Without a graph (a prefill, the π_old forward) bfloat16's forward is as
-fast or faster (1.10 against 1.21 ms) and is kept; the two differ by bfloat16 rounding of the output
-(both kernels accumulate in float32), as products of another batch shape already do.
+queries of several tokens and calls that carry a mask are not touched (bit for bit SDPA).
 
 `model.attention: auto` picks it for a half-precision model on the CPU; 'sdpa' and 'eager' are
 transformers' own.
@@ -48,25 +39,7 @@ def cpu_half_attention(module: nn.Module, query: Tensor, key: Tensor, value: Ten
     (B, 1, q, L) (True = attend) or None; returns (B, q, H, D) and no weights."""
     if attention_mask is None and _unpadded_half_decoding(module, query):
         attention_mask = torch.ones(query.shape[0], 1, 1, key.shape[2], dtype=torch.bool, device=query.device)
-    if _half_sequence_with_graph(query, key, value):
-        return _float32_sdpa(module, query, key, value, attention_mask, **kwargs)
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-
-
-def _half_sequence_with_graph(query: Tensor, key: Tensor, value: Tensor) -> bool:
-    """A query of several tokens in bfloat16/float16 on the CPU, in a forward a backward will follow."""
-    return (query.shape[2] > 1 and query.device.type == "cpu" and query.dtype in HALF
-            and (query.requires_grad or key.requires_grad or value.requires_grad))
-
-
-def _float32_sdpa(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
-                  **kwargs: object) -> tuple[Tensor, None]:
-    """SDPA on float32 copies of q (B, H, q, D), k and v (B, KVH, L, D), the output (B, q, H, D) cast back
-    to the query's dtype (see the module docstring for why). A float mask is cast with them (a boolean
-    one is kept)."""
-    mask = attention_mask.float() if attention_mask is not None and attention_mask.is_floating_point() else attention_mask
-    out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(), mask, **kwargs)
-    return out.to(query.dtype), weights
 
 
 def _unpadded_half_decoding(module: nn.Module, query: Tensor) -> bool:
