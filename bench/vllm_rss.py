@@ -78,7 +78,7 @@ def main() -> None:
     per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head * 4
     kv = int(1.25 * a.rows * 128 * per_token)  # llmrl's sizing for rows of <= 128 tokens (vllm_memory.py)
     llm = vllm.LLM(model=a.model, dtype="float32", enforce_eager=True, kv_cache_memory_bytes=kv, max_model_len=128,
-                   enable_prefix_caching=True, seed=0)
+                   enable_prefix_caching=True, seed=0, skip_tokenizer_init=True)  # as the engine: ids in, ids out
     stages["+ vllm.LLM built"] = mib(_status("VmRSS"))
     import ctypes
 
@@ -87,8 +87,9 @@ def main() -> None:
     model = llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
     plain = {n: p.numel() * p.element_size() for n, p in model.named_parameters()}
     emptied = sorted({n.split(".layers.")[-1].split(".", 1)[-1] for n, b in plain.items() if b == 0 and ".layers." in n})
-    params = vllm.SamplingParams(max_tokens=a.new_tokens, temperature=1.0, seed=1, ignore_eos=True)
-    llm.generate(["What is 2+3?"] * a.rows, params, use_tqdm=False)
+    params = vllm.SamplingParams(max_tokens=a.new_tokens, temperature=1.0, seed=1, ignore_eos=True, detokenize=False)
+    prompt = transformers.AutoTokenizer.from_pretrained(a.model)("What is 2+3?").input_ids
+    llm.generate([{"prompt_token_ids": prompt}] * a.rows, params, use_tqdm=False)
     stages["+ one generation (VmRSS)"] = mib(_status("VmRSS"))
     stages["peak (VmHWM)"] = mib(_status("VmHWM"))
     split = {k: mib(_status(k)) for k in ("RssAnon", "RssFile", "RssShmem")}  # private memory / mapped files

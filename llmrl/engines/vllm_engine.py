@@ -250,6 +250,7 @@ def _llm_settings(config: Any, source: str, device: torch.device, dtype: torch.d
         trust_remote_code=config.model.trust_remote_code, enable_prefix_caching=e.prefix_caching,
         enforce_eager=(not on_gpu) if e.enforce_eager is None else e.enforce_eager,
         logprobs_mode="processed_logprobs", max_num_seqs=e.max_num_seqs,
+        skip_tokenizer_init=True,  # token ids in, token ids out (detokenize=False): no second tokenizer (~90 MiB)
     )
     if length := vllm_memory.context_tokens(config, longest_prompt, response_tokens, text_config):
         settings["max_model_len"] = length

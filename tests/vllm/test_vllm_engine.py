@@ -140,3 +140,12 @@ def test_the_memory_report_shows_the_engines_own_share(run) -> None:
     expected = sum(p.numel() for n, p in base.named_parameters() if "lora_" not in n)
     assert (params, weights) == (expected, 4 * expected) and "float32" in weights_name
     assert 0 < kv <= 0.05 * 2**30  # engine.kv_cache_gb=0.05
+
+
+def test_the_engine_loads_no_tokenizer_of_its_own(run) -> None:
+    # token ids go in (TokensPrompt) and come out (detokenize=False), so vLLM is built with
+    # skip_tokenizer_init: no second tokenizer in the process (≈ 75 MiB less RSS with SmolLM2's); that it
+    # still samples what the trainer computes is test_the_engine_samples_what_the_trainer_computes...
+    engine = run["vllm"].llm.llm_engine
+    assert engine.vllm_config.model_config.skip_tokenizer_init is True
+    assert getattr(engine, "tokenizer", None) is None
