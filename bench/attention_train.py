@@ -56,11 +56,19 @@ def one_call_ms(fn, q0, k0, v0, mask, dtype: torch.dtype, grad: bool, calls: int
     return (time.perf_counter() - t0) / calls * 1e3
 
 
+def positive(text: str) -> int:
+    """argparse type: a whole number ≥ 1 (argparse turns the ValueError into one usage line)."""
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--rows", type=positive, default=16)
+    ap.add_argument("--threads", type=positive, default=2)
+    ap.add_argument("--reps", type=positive, default=5)
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -83,7 +91,10 @@ def main() -> None:
                   + "  ".join(f"{k} {v} ms" for k, v in med.items()) + f"  → {row['speedup_copies_over_bf16_sdpa']}x")
     out = {"cpu": cpu_name(), "torch": torch.__version__, "rows": a.rows, "threads": a.threads, "results": results}
     if a.out:
-        a.out.write_text(json.dumps(out, indent=1) + "\n")
+        try:
+            a.out.write_text(json.dumps(out, indent=1) + "\n")
+        except OSError as exc:
+            raise SystemExit(f"attention_train.py: cannot write {a.out}: {exc.strerror}.") from None
 
 
 if __name__ == "__main__":
