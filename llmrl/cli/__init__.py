@@ -19,6 +19,7 @@ from transformers.utils import logging as hf_logging
 from .algos_cmd import advantages, algos, losses
 from .compare_cmd import compare
 from .config_cmd import config
+from .models_cmd import models
 from .plot_cmd import plot
 from .tasks_cmd import tasks
 from .eval_cmd import eval
@@ -59,6 +60,7 @@ app.command()(plot)
 app.command()(export)
 app.command(name="eval")(eval)
 app.command()(tasks)
+app.add_typer(models, name="models")
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""Where llmrl keeps what it builds once (the tiny models, .gguf copies, the dtype probe's results):
+"""Where llmrl keeps what it builds once (the tiny models, .gguf copies, the models `llmrl models get`
+obtains, the dtype probe's results):
 `$LLMRL_CACHE_DIR`, else `$XDG_CACHE_HOME/llmrl`, else `~/.cache/llmrl`. Plain path logic, below the
 models that fill it (models/gguf.py, models/tiny.py) and the settings that read it (dtype_probe.py)."""
 
@@ -16,6 +17,11 @@ def cache_root() -> Path:
         return Path(root).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "llmrl"
+
+
+def catalog_dir(name: str, root: Path | None = None) -> Path:
+    """Where `llmrl models get NAME` keeps the plain copy of a catalogued model (models/obtain.py)."""
+    return (root or cache_root()) / "models" / name
 
 
 def cached_copy_dir(gguf: Path, root: Path | None = None) -> Path:

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .cache import cache_root, cached_copy_dir
+from .cache import cache_root, cached_copy_dir, catalog_dir
 from .model_defaults import MODEL_DEFAULTS, TINY_SHAPES
 
 ROWS = (64, 512)
@@ -81,6 +81,8 @@ def _shapes(name: str) -> tuple[int, int, int] | None:
     if name in MODEL_DEFAULTS:  # the built-in tiny models: one architecture, the char tokenizer
         return TINY_SHAPES
     path = Path(name).expanduser()
+    if not path.exists() and (catalog_dir(name) / "config.json").is_file():  # `llmrl models get NAME`
+        path = catalog_dir(name)
     if path.suffix == ".gguf" and path.is_file():
         copy = cached_copy_dir(path)
         path = copy if (copy / "config.json").is_file() else path

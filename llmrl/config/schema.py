@@ -47,6 +47,12 @@ class ModelConfig:
         True, "run each distinct prompt once per forward and let all its samples attend to its key/value "
         "cache (when that saves at least half the prompt work, e.g. GRPO groups); same numbers up to float rounding",
     )
+    logits_chunk_mib: float = opt(
+        64.0, "float32 logits the log-prob forwards and the update hold at once, in MiB: the response positions "
+        "run through the LM head in chunks that fit, and the backward recomputes a chunk instead of keeping it "
+        "(at a 152k vocabulary a 32 x 64-token minibatch is 1.2 GB per copy unchunked); 0: the whole batch at once",
+        min=0,
+    )
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -12,6 +14,7 @@ from ..config import precision
 from ..config.model_defaults import device_kind
 from ..config.schema import ModelConfig
 from ..errors import ConfigError
+from . import obtain
 from .attention import set_attention
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -42,19 +45,65 @@ def resolve_device(name: str) -> torch.device:
 
 
 def model_source(cfg: ModelConfig, show_progress: bool = True) -> tuple[str, str | None]:
-    """(folder or hub id, gguf file name or None); `tiny` is built and cached on first use, and a
+    """(folder or hub id, gguf file name or None); `tiny` is built and cached on first use, a
+    catalogued name (`llmrl models`) is its cached copy once `llmrl models get` made it, and a
     `.gguf` file is loaded through its cached plain copy (so the second element is None today)."""
     if cfg.name in BUILTIN_MODELS:
         return str(BUILTIN_MODELS[cfg.name](show_progress)), None
     path = Path(cfg.name).expanduser()
+    if not path.exists() and (obtained := obtain.resolve(cfg.name)) is not None:  # `llmrl models get NAME`
+        return str(obtained), None
     if path.suffix == ".gguf":  # de-quantised once into a cached safetensors copy (models/gguf.py)
         from .gguf import plain_copy
+
 
         return str(plain_copy(path, trust_remote_code=cfg.trust_remote_code)), None
     looks_local = path.is_absolute() or cfg.name.startswith((".", "~")) or path.exists()
     if looks_local and not (path / "config.json").is_file():
         raise ConfigError(f"Model folder '{path}' does not exist or has no config.json.")
     return (str(path) if looks_local else cfg.name), None
+
+
+def device_memory(device: torch.device) -> int:
+    """Bytes of memory of `device`: the GPU's total, or the machine's physical memory."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system: no bound
+        return 2**62
+
+
+def stored_numbers(folder: Path) -> int | None:
+    """How many numbers the safetensors files of a model folder hold (read from their headers, no
+    weight loaded); None without such files (a hub id, .bin weights)."""
+    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    if not files:
+        return None
+    from safetensors import safe_open
+
+    total = 0
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            total += sum(math.prod(st.get_slice(k).get_shape()) for k in st.keys())
+    return total
+
+
+def check_fits(name: str, source: str, dtype: torch.dtype, device: torch.device) -> None:
+    """Refuse, before loading, a model whose weights alone in `dtype` exceed the memory of `device`:
+    a lower bound (the weights, nothing of a step), so a refused model could never have run."""
+    try:
+        numbers = stored_numbers(Path(source))
+    except Exception:  # noqa: BLE001 - an unreadable header: the load itself says what is wrong
+        return
+    if numbers is None:
+        return
+    need, have = numbers * (torch.finfo(dtype).bits // 8), device_memory(device)
+    if need > have:
+        raise ConfigError(f"Model '{name}' has {numbers / 1e9:,.2f} B parameters: its {str(dtype).split('.')[-1]} weights "
+                          f"alone need {need / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of memory of "
+                          f"{device.type}; it needs a machine with at least {need / 2**30 * 1.5:,.0f} GiB (the "
+                          f"weights and room for a step) or, where the hardware has it, model.dtype=bfloat16.")
 
 
 def load_failure(exc: BaseException, source: str) -> str:
@@ -87,6 +136,7 @@ def load_base(cfg: ModelConfig, show_progress: bool = True) -> tuple[PreTrainedM
     """The frozen causal LM and its tokenizer (left padding, a pad token guaranteed)."""
     source, gguf = model_source(cfg, show_progress)
     device = resolve_device(cfg.device)
+    check_fits(cfg.name, source, torch_dtype(cfg.dtype, cfg.device), device)
     kwargs = {"trust_remote_code": cfg.trust_remote_code, **({"gguf_file": gguf} if gguf else {})}
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)

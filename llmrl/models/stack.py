@@ -36,6 +36,7 @@ from transformers import PreTrainedModel
 from ..config.schema import LoraConfig
 from ..errors import ConfigError
 from .decoding import wide
+from .logprobs import CHUNK_MIB, at_least_float32, chunk_positions, tempered, token_stats
 from .masters import float32_masters, release
 from .prefix import distinct_prompts, shared_prefix_hidden
 from .top_layers import capture_layer_input, decoder_layers, from_layer, layer_input
@@ -129,9 +130,13 @@ class PolicyStack(nn.Module):
     repeats its prompts (G samples each) runs each distinct prompt once (models/prefix.py).
     """
 
-    def __init__(self, base: PreTrainedModel, lora: LoraConfig, with_critic: bool, share_prompts: bool = True) -> None:
+    def __init__(self, base: PreTrainedModel, lora: LoraConfig, with_critic: bool, share_prompts: bool = True,
+                 logits_chunk_mib: float = CHUNK_MIB) -> None:
         super().__init__()
         self.share_prompts = share_prompts
+        head = base.get_output_embeddings()
+        vocab = head.weight.shape[0] if head is not None else base.config.get_text_config().vocab_size
+        self.logits_chunk = chunk_positions(logits_chunk_mib, vocab)  # positions per chunk (models/logprobs.py)
         for p in base.parameters():
             p.requires_grad_(False)
         check_lora_targets(base, lora)
@@ -304,6 +309,14 @@ class PolicyStack(nn.Module):
         h = self.hidden(seq)
         return tempered(self.lm.get_output_embeddings()(h), temperature)
 
+    def response_stats(self, seq: Sequences, tokens: Tensor, mask: Tensor, temperature: float,
+                       entropy: str = "off") -> tuple[Tensor, Tensor | None]:
+        """log π(a_t|s_t) of the response tokens (N, T), 0 outside `mask` when chunked, and the
+        entropy H_t (N, T) unless `entropy` is 'off' ('logged': no graph; 'trained'): at most
+        `logits_chunk` positions' logits at once (models/logprobs.py)."""
+        head = self.lm.get_output_embeddings()
+        return token_stats(head, self.hidden(seq), tokens, mask, temperature, self.logits_chunk, entropy)
+
     def values(self, seq: Sequences, base: Tensor | None = None) -> Tensor:
         """V(s_t) for every response position: value_head(h_t), (N, T). Call under `use('critic')`.
 
@@ -317,17 +330,6 @@ class PolicyStack(nn.Module):
         else:
             h = self.hidden(seq)
         return self.value_head(h.to(self.value_head.weight.dtype)).squeeze(-1)
-
-
-def tempered(logits: Tensor, temperature: float) -> Tensor:
-    """logits / T in at least float32, (…, V); at T = 1 no (…, V) copy is made (x / 1 == x)."""
-    logits = logits.to(at_least_float32(logits.dtype))
-    return logits if temperature == 1.0 else logits / temperature
-
-
-def at_least_float32(dtype: torch.dtype) -> torch.dtype:
-    """float32 for half-precision and float32 models; float64 stays float64."""
-    return torch.promote_types(dtype, torch.float32)
 
 
 def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:

@@ -23,17 +23,7 @@ import torch
 
 from ..config import Config
 from ..errors import ConfigError
-from ..models.load import torch_dtype
-
-
-def device_memory(device: torch.device) -> int:
-    """Bytes of memory of `device`: the GPU's total, or the machine's physical memory."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # not a POSIX system: no bound
-        return 2**62
+from ..models.load import device_memory, torch_dtype
 
 
 def _gib(n: float) -> str:

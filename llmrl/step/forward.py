@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ..config.schema import RolloutConfig
-from ..models.stack import PolicyStack, Sequences, at_least_float32, layout, token_logprobs
+from ..models.stack import PolicyStack, Sequences, at_least_float32, layout
 from .records import Forwards, Samples, StepPlan
 
 
@@ -43,7 +43,7 @@ def sequences(x: Responses) -> Sequences:
 @torch.no_grad()
 def masked_logprobs(stack: PolicyStack, x: Responses, temperature: float) -> Tensor:
     """log π(a_t|s_t) of the responses in the current role, 0 where masked: (N, T)."""
-    lp = token_logprobs(stack.response_logits(sequences(x), temperature), x.response_ids)
+    lp, _ = stack.response_stats(sequences(x), x.response_ids, x.response_mask, temperature)
     return torch.where(x.response_mask, lp, torch.zeros_like(lp))
 
 

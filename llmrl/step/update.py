@@ -29,7 +29,7 @@ from torch import Tensor
 
 from ..config.schema import KLConfig, UpdateConfig
 from ..corrections import get_correction
-from ..losses import aggregate, entropy_from_logprobs, get_policy_loss, kl_penalty, value_loss
+from ..losses import aggregate, get_policy_loss, kl_penalty, value_loss
 from ..models.stack import PolicyStack, at_least_float32
 from ..parallel.distributed import SINGLE, DistContext
 from .forward import sequences
@@ -112,8 +112,9 @@ def _actor_loss(stack: PolicyStack, mb: TrainRows, adv: Tensor, cfg: UpdateConfi
     Only `clip_frac` can move: a token with w = 0 counts as unclipped. The entropy bonus and β·KL in
     the loss are not reweighted: they regularise the current policy, not an estimate over μ's samples.
     """
-    logp = torch.log_softmax(stack.response_logits(sequences(mb), temperature), dim=-1)  # (N, T, V), once for both uses
-    lp = logp.gather(-1, mb.response_ids.unsqueeze(-1)).squeeze(-1)
+    # (N, T) each; the logits only chunk by chunk (models/logprobs.py); the entropy's graph only when trained
+    lp, entropy = stack.response_stats(sequences(mb), mb.response_ids, mb.response_mask, temperature,
+                                       entropy="trained" if cfg.ent_coef > 0 else "logged")
     mask = mb.response_mask if kept is None else mb.response_mask & kept
     # exactly on-policy: π_old = the current policy, detached
     old = torch.where(mb.response_mask, lp.detach(), torch.zeros_like(lp)) if on_policy else mb.old_logprobs
@@ -125,8 +126,6 @@ def _actor_loss(stack: PolicyStack, mb: TrainRows, adv: Tensor, cfg: UpdateConfi
     pl = get_policy_loss(cfg.policy_loss).fn(lp, old, adv, mask, cfg.clip_eps, cfg.clip_eps_high, cfg.dual_clip,
                                              cfg.loss_agg, **totals)
     loss = pl.loss
-    with torch.set_grad_enabled(cfg.ent_coef > 0 and torch.is_grad_enabled()):  # logged only: no graph
-        entropy = entropy_from_logprobs(logp)
     ent = aggregate(entropy, mask, cfg.loss_agg, **totals)
     loss = loss - cfg.ent_coef * ent
     if kl.placement == "loss" and beta > 0 and mb.ref_logprobs is not None:
