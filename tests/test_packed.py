@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from peft.tuners.lora import LoraLayer
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -14,6 +15,7 @@ from llmrl.config.schema import LoraConfig
 from llmrl.engines.base import GenerationRequest, SamplingSettings, row_keys
 from llmrl.engines.hf import HFEngine, hf_engine
 from llmrl.models.decoding import skinny_head
+from llmrl.models.merged import merged_actor
 from llmrl.models.packed import packable, packed_linears, packed_size
 from llmrl.models.stack import PolicyStack
 from llmrl.models.tokenizer import build_char_tokenizer
@@ -164,8 +166,11 @@ def test_the_engine_lists_the_copies_and_the_switch_turns_packing_off() -> None:
     layers = _linears(stack.lm)  # the base's linear layers and the LM head, no adapter's A, B
     assert len(layers) == 2 * 7 + 1 and len(_linears(stack.lm, base=False)) == len(layers) + 2 * 7 * 2 * 2
     assert n == sum(m.weight.numel() for m in layers) and size == sum(m.weight.numel() * m.weight.element_size() for m in layers)
-    engine = hf_engine(stack=stack, tokenizer=TOK, config=load_config())
-    assert engine.pack and ("hf engine: prepacked linear weights (while generating)", n, size) in engine.memory()
+    engine = hf_engine(stack=stack, tokenizer=TOK, config=load_config())  # the actor merges into its packed copies
+    assert engine.pack and engine.memory() == [
+        ("hf engine: prepacked linear weights, the actor's LoRA merged in (while generating)", n, size)]
+    unmerged = hf_engine(stack=stack, tokenizer=TOK, config=load_config(overrides={"engine.merge_lora": False}))
+    assert unmerged.memory() == [("hf engine: prepacked linear weights (while generating)", n, size)]
     off = hf_engine(stack=stack, tokenizer=TOK, config=load_config(overrides={"engine.pack_weights": False}))
     assert not off.pack and not any("prepacked" in row[0] for row in off.memory())
 
@@ -181,3 +186,31 @@ def test_a_cpu_without_bfloat16_in_onednn_packs_no_bfloat16_weight(monkeypatch: 
     packed = HFEngine(stack, TOK.eos_token_id, TOK.pad_token_id, pack=True).generate(_request())
     assert torch.equal(packed.response_ids, plain.response_ids)  # the plain path itself: the same bits
     assert packed.logprobs is not None and plain.logprobs is not None and torch.equal(packed.logprobs, plain.logprobs)
+
+
+def test_the_merged_actor_is_packed_straight_without_a_merged_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """merge + pack: W′ = W + s·B·A exists only as its packed copy; the base's tensors are never replaced."""
+    stack = _stack(torch.float32)
+    adapted = [m.get_base_layer() for m in stack.peft.modules() if isinstance(m, LoraLayer)]
+    originals = [m.weight.data_ptr() for m in adapted]
+    merged = HFEngine(stack, TOK.eos_token_id, TOK.pad_token_id, pack=False).generate(_request())
+    seen: list[int] = []
+    hooks = [m.register_forward_pre_hook(lambda mod, _: seen.append(mod.weight.data_ptr())) for m in adapted]
+    calls = _counting(monkeypatch)
+    fused = HFEngine(stack, TOK.eos_token_id, TOK.pad_token_id, pack=True).generate(_request())
+    for h in hooks:
+        h.remove()
+    assert calls[0] == 8 * (2 * 7 + 1)  # every adapted layer and the head ran packed, at every step
+    assert set(seen) <= set(originals) and len(seen) == 8 * 2 * 7  # W itself stayed in place: no W′ tensor
+    # the same W′ (packed product vs MKL's plain one, ~1e-6 apart in float32): the same tokens until a near tie
+    until = (fused.response_ids == merged.response_ids).long().cumprod(1).bool()
+    assert until.float().mean() >= 0.75
+    torch.testing.assert_close(fused.logprobs[until], merged.logprobs[until], atol=1e-4, rtol=0)
+    assert [m.weight.data_ptr() for m in adapted] == originals and not any("forward" in m.__dict__ for m in adapted)
+    # a call the packed copy cannot take (gradients on) computes W·x + s·B·(A·x) through the adapter
+    layer = next(m for m in stack.peft.modules() if isinstance(m, LoraLayer))
+    x = torch.randn(3, layer.get_base_layer().in_features)
+    with torch.no_grad(), stack.use("actor"):
+        expected = layer(x)
+    with stack.use("actor"), merged_actor(stack, pack_rows=3), torch.enable_grad():
+        torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=0)

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ..models.decoding import ReservedCache, skinny_head
 from ..models.merged import mergeable, merged_actor, merged_size
-from ..models.packed import packed_linears, packed_size
+from ..models.packed import packable, packed_linears, packed_size
 from ..models.prefix import distinct_prompts, shared_prefill, with_cache
 from ..models.stack import PolicyStack, tempered, token_logprobs
 from ..models.tokenizer import stop_token_ids
@@ -158,15 +158,21 @@ class HFEngine:
     pack: bool = True  # decode through prepacked linear weights (models/packed.py) where the model allows
 
     @contextmanager
-    def acting(self, role: str) -> Iterator[None]:
+    def acting(self, role: str, rows: int | None = None) -> Iterator[None]:
         """Decode as `role`: the actor through its merged weights when `merge` and the stack allow
-        (models/merged.py), any other role (or an actor that cannot merge) through the stack's adapters."""
+        (models/merged.py), any other role (or an actor that cannot merge) through the stack's adapters.
+        `rows`: a decoding of that many rows that packs its weights: the merged weights are made
+        straight into their packed copies (one copy, not two)."""
         with self.stack.use(role):
             if role == "actor" and self.merge and mergeable(self.stack):
-                with merged_actor(self.stack):
+                with merged_actor(self.stack, rows if self._fused() else None):
                     yield
             else:
                 yield
+
+    def _fused(self) -> bool:
+        """Whether the merged actor is kept only as packed copies while generating."""
+        return self.pack and self.merge and packable(self.stack.lm)
 
     @torch.no_grad()
     def generate(self, request: GenerationRequest) -> Generation:
@@ -174,7 +180,7 @@ class HFEngine:
         ids = request.prompt_ids.to(device).repeat_interleave(g, 0)
         mask = request.prompt_mask.to(device).repeat_interleave(g, 0)
         uniforms = None if request.keys is None else key_uniforms(request.keys, settings.max_new_tokens).to(ids.device)
-        with self.acting(request.role):
+        with self.acting(request.role, ids.shape[0]):
             return generate(self.stack, ids, mask, max_new_tokens=settings.max_new_tokens, eos_id=self.stop_ids,
                             pad_id=self.pad_id, temperature=settings.temperature, top_p=settings.top_p,
                             uniforms=uniforms, logprobs=request.logprobs, all_done=self.dist.all_done,
@@ -198,6 +204,8 @@ class HFEngine:
         prepacked copies of the linear weights."""
         n, size = merged_size(self.stack) if self.merge else (0, 0)
         p, packed = packed_size(self.stack.lm) if self.pack else (0, 0)
+        if n and p:  # the merged weights exist only as their packed copies (`acting`)
+            return [("hf engine: prepacked linear weights, the actor's LoRA merged in (while generating)", p, packed)]
         return ([("hf engine: merged actor W + s·B·A (while generating)", n, size)] if n else []) + (
             [("hf engine: prepacked linear weights (while generating)", p, packed)] if p else [])
 

@@ -32,6 +32,7 @@ through the adapters as before.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import partial
 from typing import Iterator
 
 import torch
@@ -39,6 +40,7 @@ from peft.tuners.lora import LoraLayer
 from peft.utils import ModulesToSaveWrapper
 from torch import Tensor, nn
 
+from .packed import pack_weight, packed_product
 from .stack import PolicyStack
 
 ADAPTER = "actor"
@@ -76,21 +78,42 @@ def merged_weight(layer: LoraLayer) -> Tensor:
 
 
 @contextmanager
-def merged_actor(stack: PolicyStack) -> Iterator[None]:
+def merged_actor(stack: PolicyStack, pack_rows: int | None = None) -> Iterator[None]:
     """Run the body as the actor through merged weights W′ (adapters disabled), then restore every
-    layer's own W. Call it inside `stack.use('actor')`; `mergeable(stack)` must hold."""
+    layer's own W. Call it inside `stack.use('actor')`; `mergeable(stack)` must hold.
+
+    `pack_rows` (the `hf` engine's decoding on a `packable` model): W′ is made one layer at a time and
+    kept only as its oneDNN-packed copy for products of that many rows (models/packed.py), so the
+    generation holds one copy of the adapted weights, not a merged and a packed one. Each such layer
+    runs W′x on the packed copy; a call the packed copy cannot take (gradients on, another dtype)
+    computes W·x + s·B·(A·x) through the layer's own adapter instead, the same function."""
     layers = _actor_layers(stack)
     originals = [layer.get_base_layer().weight.data for layer in layers]
     stack._merged = True
     try:
         with stack.peft.disable_adapter():
             for layer in layers:
-                layer.get_base_layer().weight.data = merged_weight(layer)
+                if pack_rows is None:
+                    layer.get_base_layer().weight.data = merged_weight(layer)
+                else:
+                    packed = pack_weight(merged_weight(layer), pack_rows)
+                    layer.get_base_layer().forward = partial(_merged_packed_forward, layer, packed)
             yield
     finally:
         for layer, w in zip(layers, originals):
             layer.get_base_layer().weight.data = w
+            layer.get_base_layer().__dict__.pop("forward", None)
         stack._merged = False
+
+
+def _merged_packed_forward(layer: LoraLayer, packed: Tensor, x: Tensor) -> Tensor:
+    """W′x (+ bias) of one merged actor layer through its packed W′ (`merged_actor` with `pack_rows`);
+    with gradients on or an input of another dtype, W·x + s·B·(A·x) through the adapter's modules."""
+    base = layer.get_base_layer()
+    if not torch.is_grad_enabled() and x.dtype == packed.dtype:
+        return packed_product(packed, base.bias, x)
+    a, b = layer.lora_A[ADAPTER], layer.lora_B[ADAPTER]
+    return nn.Linear.forward(base, x) + b(a(x.to(a.weight.dtype))).to(x.dtype) * layer.scaling[ADAPTER]
 
 
 def merged_size(stack: PolicyStack) -> tuple[int, int]:

@@ -86,8 +86,18 @@ def _packed_forward(layer: nn.Linear, packed: Tensor, source: int, x: Tensor) ->
     tensor packed (`source`: its data pointer then)."""
     if torch.is_grad_enabled() or x.dtype != packed.dtype or layer.weight.data_ptr() != source:
         return nn.Linear.forward(layer, x)
+    return packed_product(packed, layer.bias, x)
+
+
+def pack_weight(weight: Tensor, rows: int) -> Tensor:
+    """`weight` (out, in) reordered into oneDNN's layout for products of `rows` rows at a time."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), max(rows, 1))
+
+
+def packed_product(packed: Tensor, bias: Tensor | None, x: Tensor) -> Tensor:
+    """x (..., in) @ W.T + bias through the packed W: (..., out)."""
     rows = x.reshape(-1, x.shape[-1]).contiguous()
-    out = torch.ops.mkldnn._linear_pointwise(rows, packed, layer.bias, "none", [], "")
+    out = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
@@ -104,7 +114,7 @@ def packed_linears(model: nn.Module, rows: int) -> Iterator[None]:
     try:
         with torch.no_grad():
             for layer in _linears(model):
-                packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), max(rows, 1))
+                packed = pack_weight(layer.weight, rows)
                 layers.append(layer)
                 layer.forward = partial(_packed_forward, layer, packed, layer.weight.data_ptr())
         yield
