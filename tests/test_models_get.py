@@ -170,3 +170,15 @@ def test_unknown_names_and_a_foreign_folder(pieces, monkeypatch: pytest.MonkeyPa
     cli_refused(["models", "get", NAME, "--wheels", str(wheels)], "exists without llmrl's llmrl-model.json")
     assert (mine / "notes.txt").read_text() == "the user's"  # never deleted
     assert sorted(p.name for p in mine.parent.iterdir()) == [NAME]
+
+
+def test_a_model_larger_than_the_machine_is_refused_before_loading(tiny_model_dir: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The weights' size comes from the safetensors headers: the tiny Llama's 19,936 float32 numbers (its
+    tied head stored once) = 79,744 bytes, more than a machine of 50,000 bytes (a stand-in for a small one)."""
+    from llmrl.models import load
+
+    assert load.stored_numbers(tiny_model_dir) == sum(p.numel() for p in make_tiny_model().parameters())
+    monkeypatch.setattr(load, "device_memory", lambda device: 50_000)
+    err = cli_refused(["train", "--model", str(tiny_model_dir), "--steps", "1"], "more than the 0.0 GiB of memory of cpu")
+    assert "has 0.00 B parameters: its float32 weights alone need" in err
