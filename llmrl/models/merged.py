@@ -11,8 +11,10 @@ W′·x. Afterwards every layer gets back its very tensor W (not W′ − s·B·
 bit what it was: the reference and the critic never see W′.
 
 Cost: one copy of the adapted weights while the body runs (SmolLM2-135M, q/k/v/o: 26.5 M numbers,
-106 MB in float32; all linear layers of a model: nearly its whole size), freed after; the start-up
-table shows it (`HFEngine.memory`). W′·x rounds differently from W·x + s·B·(A·x): the tokens drawn
+106 MB in float32; all linear layers of a model: nearly its whole size, 1,365 MiB for
+Qwen2.5-Coder-0.5B), freed after; the start-up table shows it (`HFEngine.memory`). When the engine
+also packs its weights (models/packed.py), W′ is made one layer at a time straight into its packed
+copy (`pack_rows`), so the merge adds no copy of its own. W′·x rounds differently from W·x + s·B·(A·x): the tokens drawn
 are those of the actor up to float rounding, and with `rollout.generation_logprobs` (the default; in
 float32 these logits give log π_old) the log-probs are the actor's within that rounding (max
 |Δ log-prob| 3.6e-5 on SmolLM2, `bench/merged_decode.py`).
