@@ -100,3 +100,47 @@ def test_chunk_positions_from_the_budget() -> None:
     assert chunk_positions(64, 49_152) == 341  # SmolLM2: 67,108,864 / 196,608 = 341.3
     assert chunk_positions(0.0001, 151_936) == 1  # at least one position
     assert chunk_positions(0, 151_936) >= 2**62  # 0: no limit
+
+
+def _grads(stack: PolicyStack, dropout: bool) -> tuple[dict[str, torch.Tensor], int]:
+    """LoRA gradients of Σ_masked a_t log π_t, and how many tensors autograd kept for the backward."""
+    seq, resp, mask = _batch()
+    stack.zero_grad(set_to_none=True)
+    saved = [0]
+
+    def pack(x: torch.Tensor) -> torch.Tensor:
+        saved[0] += 1
+        return x
+
+    torch.manual_seed(5)  # the LoRA dropout's masks
+    with stack.use("actor"), (stack.dropout_active() if dropout else torch.enable_grad()):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+            lp, _ = stack.response_stats(seq, resp, mask, 0.7)
+        a = torch.linspace(-1.0, 1.0, resp.numel(), dtype=lp.dtype).reshape(resp.shape)
+        torch.where(mask, a * lp, torch.zeros_like(lp)).sum().backward()
+    return {n: p.grad.clone() for n, p in stack.peft.named_parameters() if p.grad is not None}, saved[0]
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_activation_checkpointing_gives_the_same_gradients_from_fewer_kept_tensors(dropout: float) -> None:
+    # float64: recomputing a layer repeats its arithmetic exactly, so only the prompt sharing the
+    # checkpointed forward gives up (another order of the same sums) moves the last bits
+    stacks = []
+    for on in (False, True):
+        stack = PolicyStack(make_qwen2(dtype=torch.float64), LoraConfig(r=4, alpha=8.0, dropout=dropout),
+                            with_critic=False, activation_checkpointing=on)
+        torch.manual_seed(1)
+        with torch.no_grad():
+            for name, p in stack.peft.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(std=0.2)
+        stacks.append(stack)
+    (plain, kept_plain), (ckpt, kept_ckpt) = (_grads(s, dropout > 0) for s in stacks)
+    assert plain.keys() == ckpt.keys() and len(plain) == 2 * 7 * 2  # A and B of 7 layers × 2 decoder layers
+    for name in plain:
+        torch.testing.assert_close(ckpt[name], plain[name], atol=1e-10, rtol=0, msg=name)
+    assert kept_ckpt < kept_plain / 3, (kept_ckpt, kept_plain)  # each layer keeps its input, not its insides
+    with torch.no_grad():  # a no-grad forward shares prompts and runs the layers plainly
+        seq, resp, mask = _batch()
+        torch.testing.assert_close(stacks[1].response_stats(seq, resp, mask, 0.7)[0],
+                                   stacks[0].response_stats(seq, resp, mask, 0.7)[0], atol=1e-10, rtol=0)

@@ -316,6 +316,9 @@ def _check_consistency(config: Config) -> None:
                           f"reward (kl.placement=reward, kl.beta={config.kl.beta:g}) the estimator sees them minus "
                           "β·KL, known only after; use kl.placement=loss or kl.beta=0 (or rollout.filter_on=score "
                           "to compare the scores alone).")
+    if config.update.activation_checkpointing and config.dist.shard_base:
+        raise ConfigError("'update.activation_checkpointing' cannot be combined with 'dist.shard_base': a sharded layer "
+                          "gathers its weights in hooks that a recomputed forward would not run.")
     if config.update.on_policy_logprobs == "on" and not exactly_on_policy(config):
         raise ConfigError(not_on_policy(config, rows))
     if config.update.on_policy_values == "on" and not on_policy_values(config):

@@ -164,6 +164,10 @@ class UpdateConfig:
     epochs: int = opt(1, "passes over each rollout batch", min=1)
     minibatch_size: int = opt(256, "rows per optimizer step", min=1)
     micro_batch_size: int | None = opt(None, "rows per forward/backward (gradient accumulation); default: minibatch", min=1)
+    activation_checkpointing: bool = opt(
+        False, "keep only each decoder layer's input in the update's gradient forwards and recompute the layer in "
+        "the backward: about one layer's activations instead of all of them, for one more forward per pass "
+        "(those forwards then run without prompt sharing)")
     lr_actor: float = opt(2e-5, "AdamW learning rate of the actor adapter", gt=0, max=LR_MAX)
     lr_critic: float = opt(1e-4, "AdamW learning rate of the critic adapter and value head", gt=0, max=LR_MAX)
     weight_decay: float = opt(0.0, "AdamW weight decay", min=0)

@@ -35,6 +35,7 @@ from transformers import PreTrainedModel
 
 from ..config.schema import LoraConfig
 from ..errors import ConfigError
+from .checkpointing import checkpoint_layers
 from .decoding import wide
 from .logprobs import CHUNK_MIB, at_least_float32, chunk_positions, tempered, token_stats
 from .masters import float32_masters, release
@@ -131,9 +132,10 @@ class PolicyStack(nn.Module):
     """
 
     def __init__(self, base: PreTrainedModel, lora: LoraConfig, with_critic: bool, share_prompts: bool = True,
-                 logits_chunk_mib: float = CHUNK_MIB) -> None:
+                 logits_chunk_mib: float = CHUNK_MIB, activation_checkpointing: bool = False) -> None:
         super().__init__()
         self.share_prompts = share_prompts
+        self.checkpointing = activation_checkpointing  # gradient forwards recompute each layer (checkpointing.py)
         head = base.get_output_embeddings()
         vocab = head.weight.shape[0] if head is not None else base.config.get_text_config().vocab_size
         self.logits_chunk = chunk_positions(logits_chunk_mib, vocab)  # positions per chunk (models/logprobs.py)
@@ -162,6 +164,8 @@ class PolicyStack(nn.Module):
             nn.init.zeros_(self.value_head.weight)  # V ≡ 0 at the start: no random baseline noise
         self.peft.set_adapter("actor")
         self._role = "actor"
+        if activation_checkpointing:
+            checkpoint_layers(decoder_layers(self.lm)[1])
         self._masters = float32_masters(self.peft)
         # peft creates its LoRA dropout modules in train mode: switch them off everywhere but the update
         self._dropouts = [d for layer in self.peft.modules() if isinstance(layer, LoraLayer)
@@ -276,7 +280,9 @@ class PolicyStack(nn.Module):
         """Last hidden states at the positions that predict response tokens: (N, T, H)."""
         keep = self._keep
         p = seq.prompt_len
-        groups = distinct_prompts(seq.ids[:, :p], seq.attention[:, :p]) if self.share_prompts else None
+        # a checkpointed gradient forward cannot write into the shared prompts' KV cache (checkpointing.py)
+        shared = self.share_prompts and not (self.checkpointing and torch.is_grad_enabled())
+        groups = distinct_prompts(seq.ids[:, :p], seq.attention[:, :p]) if shared else None
         decoder = self.lm.get_decoder()
         with capture_layer_input(decoder, self.critic_start, keep is not None) as parts:
             if groups is not None:

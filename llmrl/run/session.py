@@ -130,7 +130,8 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
     apply_chat_setting(tokenizer, config.data.chat_template, config.model.name)
     seed_everything(config.seed)
     stack = PolicyStack(base, config.lora, with_critic=spec.needs.critic, share_prompts=config.model.share_prompts,
-                        logits_chunk_mib=config.model.logits_chunk_mib)
+                        logits_chunk_mib=config.model.logits_chunk_mib,
+                        activation_checkpointing=config.update.activation_checkpointing)
     dist.broadcast_parameters([p for role in stack.trainable_roles() for p in stack.parameters_of(role)])
     if config.dist.shard_base:
         from ..parallel.fsdp import shard_base  # late: only runs that ask for it
