@@ -119,6 +119,7 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
                           f"the number of processes ({dist.world_size}).")
     task = dist.main_first(lambda: task_from_config(config), local=True)  # a dataset or reward model fills caches once
     config = replace(config, rollout=with_task_format(config.rollout, task))  # recorded in config.yaml as resolved
+    check_step_rows(config.rollout.prompts_per_step, len(task.train))
     env = episode_env(config, task, dist)
     path = dist.broadcast_object(Path(config.out) if config.out else default_out(config))
     folder = dist.main_only(lambda: RunFolder.open(path) if resume else RunFolder.create(path, overwrite))
@@ -151,6 +152,14 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
     if not resume:  # a resumed run records a new length once its checkpoint is restored (`record_steps`)
         folder.write_config(config)
     return session
+
+
+def check_step_rows(per_step: int, train_rows: int) -> None:
+    """Refuse a step of more prompts than the train split holds: it would read a row twice, and both
+    copies would be sampled with the same keys, so their group would weigh double (run/data.py)."""
+    if train_rows and per_step > train_rows:
+        raise ConfigError(f"rollout.prompts_per_step ({per_step}) is larger than the train split ({train_rows} rows), "
+                          f"so a step would read a row twice with the same sampling keys; set it to at most {train_rows}.")
 
 
 def episode_context(s: Session) -> int | None:
