@@ -96,6 +96,7 @@ class Episode:
     cap: int | None
     ids: list[int] = field(default_factory=list)
     acted: list[bool] = field(default_factory=list)
+    turn_of: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
     last_text: str = ""
     done: bool = False
@@ -113,9 +114,11 @@ class Episode:
         """The tokens its next turn may take: max_new_tokens, or less near its cap."""
         return max_new_tokens if self.cap is None else min(max_new_tokens, self.cap - len(self.ids))
 
-    def append(self, ids: list[int], acted: bool, lps: list[float] | None) -> None:
+    def append(self, ids: list[int], acted: bool, lps: list[float] | None, turn: int = 0) -> None:
+        """Add `ids`: the model's turn `turn` (1-based) when `acted`, else the environment's answer (turn 0)."""
         self.ids += ids
         self.acted += [acted] * len(ids)
+        self.turn_of += [turn] * len(ids)
         if lps is not None:
             self.lps += lps
 
@@ -145,7 +148,8 @@ def _answer(spec: EnvSpec, tokenizer: PreTrainedTokenizerBase, ep: Episode, i: i
     """The environment's step on episode i's turn `sampled` (already appended): its reward and counts, and
     its answer appended when the model may act again, else the episode ends. Returns the seconds in `step`."""
     stopped = bool(sampled) and sampled[-1] in stop_ids
-    calls = parse_calls(tokenizer.decode(sampled[:-1] if stopped else sampled, skip_special_tokens=False), fmt)
+    # a turn cut before its stop token is unfinished: it calls nothing (a call cut mid-way is no tool error)
+    calls = parse_calls(tokenizer.decode(sampled[:-1], skip_special_tokens=False), fmt) if stopped else []
     started = time.perf_counter()
     out = _checked_step(spec, ep.env, i, ep.last_text, calls, cfg.env_timeout_s)
     seconds = time.perf_counter() - started
@@ -204,7 +208,8 @@ def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
             sampled = gen.response_ids[j][mask].tolist()[: room[j]]
             if gen.logprobs is not None:
                 lp_dtype = gen.logprobs.dtype
-            ep.append(sampled, True, None if gen.logprobs is None else gen.logprobs[j][mask].tolist()[: room[j]])
+            ep.append(sampled, True, None if gen.logprobs is None else gen.logprobs[j][mask].tolist()[: room[j]],
+                      turn + 1)
             ep.turns += 1
             ep.last_text = tokenizer.decode(sampled, skip_special_tokens=True)
             env_time += _answer(spec, tokenizer, ep, i, sampled, cfg, turn == cfg.max_turns - 1, stop_ids, fmt, tools)
@@ -229,7 +234,8 @@ def _samples(episodes: list[Episode], rows: Sequence[dict[str, Any]], index: Ten
                      torch.tensor([ep.env_reward for ep in episodes], dtype=torch.float32),
                      torch.tensor([ep.env_tokens for ep in episodes]), env_time, early.to(device), slots,
                      torch.tensor([[r for _, r in ep.rewards] + [float("nan")] * (max_turns - len(ep.rewards))
-                                   for ep in episodes], dtype=torch.float32))
+                                   for ep in episodes], dtype=torch.float32),
+                     right_pad([ep.turn_of for ep in episodes], 0, torch.long).to(device))
     return Samples(
         rows=tuple(rows), prompt_ids=p_ids.to(device), prompt_mask=p_mask.to(device),
         response_ids=right_pad([ep.ids for ep in episodes], pad, torch.long).to(device),
@@ -280,10 +286,13 @@ def episode_view(tokenizer: PreTrainedTokenizerBase, samples: Samples, i: int) -
     ids = samples.response_ids[i][context[i]].tolist()
     acted = samples.response_mask[i][context[i]].tolist()
     early = None if log.early_rewards is None else log.early_rewards[i][context[i]].tolist()
+    # a run ends where the action mask or the model's turn number changes (two model turns meet where the
+    # environment's answer between them is empty)
+    part = acted if log.turn_index is None else list(zip(acted, log.turn_index[i][context[i]].tolist()))
     turns: list[dict[str, Any]] = []
     start = 0
     for end in range(1, len(ids) + 1):
-        if end == len(ids) or acted[end] != acted[start]:
+        if end == len(ids) or part[end] != part[start]:
             turns.append({"by": "model" if acted[start] else "env", "text": tokenizer.decode(ids[start:end]),
                           "tokens": end - start, "trained": bool(acted[start])})
             if acted[start]:
