@@ -74,7 +74,10 @@ def evaluate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
                       metrics: Mapping[str, Callable[..., Sequence[float]]] | None = None,
                       stop_ids: Sequence[int] = (), context: int | None = None, role: str = "actor") -> EvalResult:
     """`evaluate` in episodes (step/episodes.py): greedy turns in the environment `env`, each episode's
-    reward = the task's reward of its last turn + Σ the environment's rewards. Besides the task's
+    reward = the task's reward of its last turn + Σ the environment's rewards. Held-out row i's `reset`
+    seed is keyed by (0, EVAL_STEP, i), a step no training takes, so an environment that builds its game
+    from the seed deals it another game than any train row's (and the sampled evaluation's row i, at
+    seed 0, the same game). Besides the task's
     metrics: eos_rate (the last turn ended with a stop token), response_len (the model's tokens per
     episode), turns_mean, tool_calls_per_episode and tool_error_rate (failed calls / calls, 0 without calls)."""
     completions: list[str] = []
@@ -83,7 +86,7 @@ def evaluate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
     for start in range(0, len(rows), batch_size):
         chunk = list(rows[start : start + batch_size])
         ep = generate_episodes(engine, tokenizer, env, chunk, torch.arange(start, start + len(chunk)), cfg=one,
-                               seed=0, step=0, device=torch.device("cpu"), stop_ids=stop_ids, context=context,
+                               seed=0, step=EVAL_STEP, device=torch.device("cpu"), stop_ids=stop_ids, context=context,
                                greedy=True, role=role)
         assert ep.episodes is not None
         completions += ep.completions

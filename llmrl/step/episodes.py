@@ -15,7 +15,9 @@ that was sampled. The environment answers every turn (its reward counts); the ep
 says done, after `rollout.max_turns` turns, at `rollout.max_episode_tokens` response tokens (a turn
 is cut there), or when a turn ends without a stop token (cut at max_new_tokens), and then its answer
 is not appended. Turn k of a row is keyed by (its row key, k): turn 0 uses the
-single-turn key itself (`turn_keys`). The completion scored by the task's reward is the last turn's
+single-turn key itself (`turn_keys`). `reset` gets the row's game key (`game_keys`: the key of the
+row's sample 0), the same for its G episodes, so they play one game and a group estimator compares
+like with like; an environment that sets `seed_per_episode = True` gets each episode's own key. The completion scored by the task's reward is the last turn's
 text; the environment's per-turn rewards are summed in `EpisodeLog.env_reward`.
 """
 
@@ -130,13 +132,21 @@ def _cap(cfg: RolloutConfig, prompt: list[int], context: int | None) -> int | No
     return min(x for x in (cfg.max_episode_tokens, None if context is None else context - len(prompt)) if x is not None)
 
 
-def _start(spec: EnvSpec, tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, Any]], keys: Tensor, g: int,
-           cfg: RolloutConfig, fmt: str, context: int | None) -> tuple[list[Episode], Any]:
-    """Episode i = `spec.make()` reset on row i // g with key i, its opening rendered with the tools it offers."""
+def game_keys(seed: int, step: int, index: Tensor) -> Tensor:
+    """(N,) the `reset` seeds of episodes whose rows are `index` (N,): the key of each row's sample 0,
+    (seed, step, row, 0), whatever the episode's own sample, so a row's G episodes play one game."""
+    return row_keys(seed, step, index, torch.zeros_like(index))
+
+
+def _start(spec: EnvSpec, tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, Any]], keys: Tensor,
+           games: Tensor, g: int, cfg: RolloutConfig, fmt: str, context: int | None) -> tuple[list[Episode], Any]:
+    """Episode i = `spec.make()` reset on row i // g with the row's game key `games[i]` (its own key `keys[i]`
+    when the environment sets `seed_per_episode`), its opening rendered with the tools it offers."""
     episodes, tools = [], None
     for i in range(len(keys)):
         env = spec.make()
-        opening = _call(spec, "reset", lambda: env.reset(rows[i // g], int(keys[i])), i, cfg.env_timeout_s)
+        seed = int(keys[i] if getattr(env, "seed_per_episode", False) else games[i])
+        opening = _call(spec, "reset", lambda: env.reset(rows[i // g], seed), i, cfg.env_timeout_s)
         tools = offered_tools(env)
         prompt = prompt_ids(tokenizer, opening, tools, fmt)
         episodes.append(Episode(env, prompt, _cap(cfg, prompt, context)))
@@ -190,7 +200,7 @@ def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
     index = prompt_index.repeat_interleave(g)
     keys = row_keys(seed, step, index, torch.arange(first_sample, first_sample + g).repeat(len(rows)))
     fmt = call_format(tokenizer, cfg.tool_format)
-    episodes, tools = _start(spec, tokenizer, rows, keys, g, cfg, fmt, context)
+    episodes, tools = _start(spec, tokenizer, rows, keys, game_keys(seed, step, index), g, cfg, fmt, context)
     decoder = open_turns(engine, tokenizer.pad_token_id, role, reuse_cache)
     slots, env_time, lp_dtype = 0, 0.0, torch.float32  # slots: Σ_turns live episodes × the turn's longest sampled run
     for turn in range(cfg.max_turns):
