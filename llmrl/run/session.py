@@ -210,6 +210,7 @@ def run_eval(s: Session) -> EvalResult | None:
     rows = s.task.eval[: s.config.eval.size]
     if not rows:
         return None
+    env_rewards: list[float] = []  # episodes run in one process (episode_env), so `on` sees every row
 
     def on(part: Any) -> tuple[float, float, list[str], dict[str, float]]:
         if s.env is not None:  # greedy episodes in the run's environment (tools and all)
@@ -217,10 +218,12 @@ def run_eval(s: Session) -> EvalResult | None:
                                     success=s.task.success, batch_size=s.config.eval.batch_size, metrics=s.task.metrics,
                                     stop_ids=stop_token_ids(s.tokenizer, s.stack.lm),
                                     context=episode_context(s))
+            env_rewards.extend(res.env_rewards or [])
             return res.accuracy, res.reward_mean, res.completions, res.metrics
         res = evaluate(s.engine, s.tokenizer, part, s.task.reward, max_new_tokens=s.config.rollout.max_new_tokens,
                        success=s.task.success, batch_size=s.config.eval.batch_size, metrics=s.task.metrics,
                        stop_ids=stop_token_ids(s.tokenizer, s.stack.lm))
         return res.accuracy, res.reward_mean, res.completions, res.metrics
 
-    return with_groups(EvalResult(*shared_evaluation(s.dist, rows, on)), rows, s.task)  # a mixture's accuracy per task
+    result = EvalResult(*shared_evaluation(s.dist, rows, on), env_rewards=env_rewards if s.env is not None else None)
+    return with_groups(result, rows, s.task)  # a mixture's accuracy per task
