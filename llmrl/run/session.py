@@ -16,7 +16,7 @@ from ..algos import preset_for
 from ..config import Config
 from ..config.on_policy import on_policy_update, on_policy_values
 from ..engines import GenerationEngine, build_engine, check_engine
-from ..envs import ENVS, EnvSpec, resolve_env
+from ..envs import ENVS, EnvSpec, call_format, offered_tools, prompt_ids, resolve_env, run_with_limit
 from ..errors import ConfigError
 from ..estimators import EstimatorSpec, get_estimator, import_user_module
 from ..kl_control import KLController
@@ -137,7 +137,8 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
 
         dist = shard_base(stack, dist)
     longest = check_context(task, tokenizer, base.config, config.rollout.max_new_tokens,
-                            config.engine.max_model_len if config.rollout.engine == "vllm" else None)
+                            config.engine.max_model_len if config.rollout.engine == "vllm" else None,
+                            env=env, rollout=config.rollout)
     engine = build_engine(config.rollout.engine, stack=stack, tokenizer=tokenizer, config=config, dist=dist,
                           longest_prompt=longest,
                           response_tokens=None if env is None else episode_budget(config.rollout))
@@ -178,13 +179,33 @@ def record_steps(folder: RunFolder, config: Config) -> None:
         folder.write_config(config)
 
 
+def prompt_lengths(rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, split: str,
+                   env: EnvSpec | None = None, rollout: Any = None) -> list[int]:
+    """Each row's prompt in tokens as the run renders it: the prompt's own tokens, or with an environment
+    the episode's opening (`env.reset(row, 0)`) rendered with the tools it offers (step/episodes.py: the
+    calculator's schema alone is 654 characters in the Hermes format)."""
+    if env is None:
+        return [len(ids) for ids in tokenize_prompts(tokenizer, [r["prompt"] for r in rows]).input_ids]
+    fmt = call_format(tokenizer, rollout.tool_format)
+    out = []
+    for i, row in enumerate(rows):
+        game = env.make()
+        opening, error = run_with_limit(lambda: game.reset(row, 0), {}, rollout.env_timeout_s)  # noqa: B023
+        if error is not None:  # the user's environment: one sentence, never a traceback
+            raise ConfigError(f"Environment '{env.name}' {error} in reset (row {i} of the {split} split).")
+        out.append(len(prompt_ids(tokenizer, opening, offered_tools(game), fmt)))
+    return out
+
+
 def check_context(task: Task, tokenizer: PreTrainedTokenizerBase, model_config: Any, max_new_tokens: int,
-                  engine_limit: int | None = None) -> int:
-    """The longest prompt of the task, in tokens (it sizes the vllm engine's context and KV cache),
-    after refusing prompts that cannot fit, with the response, in the model's context window, or in the
+                  engine_limit: int | None = None, env: EnvSpec | None = None, rollout: Any = None) -> int:
+    """The longest prompt of the task, in tokens as the run renders it (`prompt_lengths`: with an
+    environment, its opening and tools; it sizes the vllm engine's context and KV cache), after
+    refusing prompts that cannot fit, with the response, in the model's context window, or in the
     vllm engine's `engine.max_model_len` (`engine_limit`) where that is smaller: vLLM would stop such a
     response at the cap with finish reason 'length' before max_new_tokens (scored as if it had ended,
-    missed by truncated_rows and the overlong penalty), or refuse a longer prompt mid-run."""
+    missed by truncated_rows and the overlong penalty), or refuse a longer prompt mid-run; an episode
+    would end before its first turn and be scored as an empty answer."""
     model_limit = getattr(model_config.get_text_config(), "max_position_embeddings", None)
     limit, where = model_limit, f"the model's context of {model_limit} tokens"
     if engine_limit and (not model_limit or engine_limit < model_limit):
@@ -193,13 +214,14 @@ def check_context(task: Task, tokenizer: PreTrainedTokenizerBase, model_config: 
     for split, rows in (("train", task.train), ("eval", task.eval)):
         if not rows:  # no held-out split (data.eval_fraction=0): tokenizing [] raises
             continue
-        lengths = [len(ids) for ids in tokenize_prompts(tokenizer, [r["prompt"] for r in rows]).input_ids]
+        lengths = prompt_lengths(rows, tokenizer, split, env, rollout)
         longest = max(longest, *lengths)
+        rendered = " as the environment opens it (its tools included)" if env is not None else ""
         for i, n in enumerate(lengths):
             if limit and n + max_new_tokens > limit:
                 raise ConfigError(
-                    f"Prompt {i} of the {split} split has {n} tokens; with rollout.max_new_tokens={max_new_tokens} "
-                    f"it exceeds {where}."
+                    f"Prompt {i} of the {split} split has {n} tokens{rendered}; with rollout.max_new_tokens="
+                    f"{max_new_tokens} it exceeds {where}."
                 )
     return longest
 
