@@ -50,3 +50,12 @@ def test_a_prompt_that_fits_only_without_its_tools_is_refused(tmp_path: Path) ->
                           *CLI_SMALL, "--set", "rollout.max_new_tokens=6"], "as the environment opens it (its tools "
                          "included); with rollout.max_new_tokens=6 it exceeds the model's context of 128 tokens.", code=2)
     assert "Prompt 0 of the train split" in stderr
+
+
+def test_an_environment_whose_reset_raises_is_refused_before_the_run(tiny_model_dir: Path, tmp_path: Path) -> None:
+    env = tmp_path / "boom.py"
+    env.write_text("class Boom:\n    def reset(self, row, seed):\n        raise RuntimeError('no board')\n"
+                   "    def step(self, text, calls):\n        return None\n")
+    cli_refused(["train", "--model", str(tiny_model_dir), "--env", f"{env}:Boom", "--steps", "1",
+                 "--out", str(tmp_path / "r"), *CLI_SMALL],
+                f"Environment '{env}:Boom' raised RuntimeError: no board in reset (row 0 of the train split).", code=2)
