@@ -13,7 +13,8 @@ from llmrl.envs import EnvStep
 
 
 class Gift:
-    """Ends every episode after one turn with a reward of 1 for the arithmetic task's rows, 0 for the others (arithmetic#2, the same rows under a second label)."""
+    """Ends every episode after one turn with a reward of 1 for the arithmetic task's rows, 0 for the
+    others (arithmetic#2: the same rows under a second label)."""
 
     def reset(self, row, seed):
         self.task = row["task"]

@@ -17,8 +17,9 @@ is cut there), or when a turn ends without a stop token (cut at max_new_tokens),
 is not appended. Turn k of a row is keyed by (its row key, k): turn 0 uses the
 single-turn key itself (`turn_keys`). `reset` gets the row's game key (`game_keys`: the key of the
 row's sample 0), the same for its G episodes, so they play one game and a group estimator compares
-like with like; an environment that sets `seed_per_episode = True` gets each episode's own key. The completion scored by the task's reward is the last turn's
-text; the environment's per-turn rewards are summed in `EpisodeLog.env_reward`.
+like with like; an environment that sets `seed_per_episode = True` gets each episode's own key.
+The completion scored by the task's reward is the last turn's text; the environment's per-turn
+rewards are summed in `EpisodeLog.env_reward`.
 """
 
 from __future__ import annotations

@@ -112,7 +112,9 @@ def interleave(lists: Sequence[Rows]) -> Rows:
 def unseen(trains: Sequence[Rows], held_outs: Sequence[Rows], names: Sequence[str]) -> list[Rows]:
     """Each task's train rows without those whose prompt (a string, or chat messages compared as JSON) is a
     held-out prompt of any task; a task left with none is refused."""
-    key = lambda row: row["prompt"] if isinstance(row["prompt"], str) else json.dumps(row["prompt"], sort_keys=True)  # noqa: E731
+    def key(row: dict[str, Any]) -> str:
+        return row["prompt"] if isinstance(row["prompt"], str) else json.dumps(row["prompt"], sort_keys=True)
+
     held = {key(r) for rows in held_outs for r in rows}
     out = [[r for r in rows if key(r) not in held] for rows in trains]
     for name, rows, kept in zip(names, trains, out, strict=True):
