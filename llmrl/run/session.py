@@ -119,7 +119,6 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
                           f"the number of processes ({dist.world_size}).")
     task = dist.main_first(lambda: task_from_config(config), local=True)  # a dataset or reward model fills caches once
     config = replace(config, rollout=with_task_format(config.rollout, task))  # recorded in config.yaml as resolved
-    check_step_rows(config.rollout.prompts_per_step, len(task.train))
     env = episode_env(config, task, dist)
     path = dist.broadcast_object(Path(config.out) if config.out else default_out(config))
     folder = dist.main_only(lambda: RunFolder.open(path) if resume else RunFolder.create(path, overwrite))
@@ -128,6 +127,7 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
         torch.set_num_threads(config.threads)
     base, tokenizer = dist.main_first(lambda: load_base(config.model, show_progress=reporter.interactive), local=True)
     check_sizes(config, base.config, base.device)  # before the adapters, sized by lora.r, are built
+    check_step_rows(config.rollout.prompts_per_step, len(task.train))
     apply_chat_setting(tokenizer, config.data.chat_template, config.model.name)
     seed_everything(config.seed)
     stack = PolicyStack(base, config.lora, with_critic=spec.needs.critic, share_prompts=config.model.share_prompts)
