@@ -161,6 +161,7 @@ def _eval_episodes(model: str, target: EvalTarget, chosen: Task, rows: list[dict
     greedy = evaluate_episodes(engine, target.tokenizer, spec, rows, chosen.reward, cfg=rollout, success=chosen.success,
                                batch_size=batch, metrics=chosen.metrics, stop_ids=stop_ids, context=context,
                                role=target.role)
+    greedy = with_groups(greedy, rows, chosen)  # a mixture's accuracy per task, the environment's rewards counted
     report: dict[str, Any] = {
         "model": model, "evaluated": target.label, "task": chosen.name, "env": spec.name, "prompts": len(rows),
         "prompts_from": f"the first {len(rows)} rows of {dataset}" if dataset is not None else "the held-out split",

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import torch
 
+from llmrl.models.tokenizer import build_char_tokenizer
 from tests.helpers import CLI_SMALL, cli_run
 
+EOS = build_char_tokenizer().eos_token
 EPISODE_KEYS = ("turns_mean", "tool_calls_per_episode", "tool_error_rate", "episode_tokens", "masked_token_frac",
                 "env_reward_mean", "env_time_s")
 USER_ENV = '''
@@ -55,7 +57,11 @@ def test_the_calculator_task_trains_in_episodes(tiny_model_dir: Path, tmp_path: 
     assert all(1 <= r["turns_mean"] <= 3 and r["episode_tokens"] > 0 for r in rows)
     assert "value_loss" in rows[0]  # ppo: GAE and the critic over the model's tokens
     summary = json.loads((tmp_path / "calc" / "summary.json").read_text())
-    assert summary["eval_turns_mean_before"] >= 1 and summary["eval_turns_mean_after"] >= 1  # evaluated in episodes
+    for when in ("before", "after"):  # evaluated in episodes of the calculator, plain format (one call a turn):
+        turns, calls = summary[f"eval_turns_mean_{when}"], summary[f"eval_tool_calls_per_episode_{when}"]
+        # every turn but an episode's last made a call (else it was the answer), the last may have: t − 1 ≤ c ≤ t
+        assert 1 <= turns <= 3 and turns - 1 <= calls <= turns, (when, turns, calls)
+        assert 0 <= summary[f"eval_tool_error_rate_{when}"] <= 1
 
 
 def test_a_users_environment_runs_several_turns(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -180,7 +186,14 @@ def test_dynamic_sampling_trains_only_episode_groups_whose_rewards_differ(tiny_m
         groups = [g for g in (logged[i : i + 2] for i in range(0, len(logged), 2)) if g[0]["step"] == r["step"]]
         assert r["groups_kept"] == len(groups) and r["groups_kept"] + r["groups_dropped"] <= r["ds_prompts"]
         assert all({e["env_reward"] for e in g} == {0.0, 1.0} for g in groups)  # only mixed groups are trained
-        assert all(len(e["turns"]) == (5 if e["env_reward"] else len(e["turns"])) for g in groups for e in g)
+        for e in (e for g in groups for e in g):  # Echo rewards its third turn: 3 model turns and 2 answers
+            model = [t for t in e["turns"] if t["by"] == "model"]
+            if e["env_reward"]:
+                assert [t["by"] for t in e["turns"]] == ["model", "env", "model", "env", "model"]
+                assert all(t["text"].endswith(EOS) for t in model[:2])  # a turn without its stop ends the episode
+            else:  # ended before its third turn: its last turn was cut (no stop token), the others were not
+                assert len(model) < 3 and len(e["turns"]) == 2 * len(model) - 1
+                assert not model[-1]["text"].endswith(EOS) and all(t["text"].endswith(EOS) for t in model[:-1])
     assert sum(r["groups_kept"] for r in rows) > 0 and any(r["ds_draws"] > 0 for r in rows)
 
 
@@ -188,22 +201,27 @@ def test_eval_scores_a_run_and_a_plain_model_in_episodes(tiny_model_dir: Path, t
     """`llmrl eval` of a run trained in an environment plays its episodes (the run's own environment and
     limits): the greedy numbers are the run's own final evaluation; a plain model on `--task calc` plays
     them too (the task's environment) and equals the run's evaluation before training; pass@k samples
-    episodes. `--env` names another environment."""
+    episodes. `--env` names another environment. The reward is the digits' share of the last turn (a random
+    model earns it too) with success at 0.5, so the accuracies compared are neither 0 nor 1."""
     run = tmp_path / "calc"
-    _train(tiny_model_dir, run, "--task", "calc", "--set", "rollout.max_turns=3")
+    reward = ["--reward", "tests.helpers:digit_share", "--set", "reward.success=0.5", "--set", "eval.size=8"]
+    _train(tiny_model_dir, run, "--task", "calc", "--set", "rollout.max_turns=3", *reward)
     summary = json.loads((run / "summary.json").read_text())
+    assert 0 < summary["eval_accuracy_before"] < 1 and 0 < summary["eval_accuracy_after"] < 1, summary
     code, out, err = cli_run(["eval", "--model", str(run), "--samples", "2", "--json"])
     assert code == 0, (out, err)
     report = json.loads(out)
-    assert report["env"] == "calculator" and report["prompts"] == 2
+    assert report["env"] == "calculator" and report["prompts"] == 8
     assert report["greedy"]["accuracy"] == summary["eval_accuracy_after"]
+    assert report["greedy"]["reward_mean"] == summary["eval_reward_after"]
     assert report["greedy"]["turns_mean"] == summary["eval_turns_mean_after"]
     assert set(report["sampled"]) >= {"pass@1", "pass@2"} and 0 <= report["sampled"]["pass@1"] <= report["sampled"]["pass@2"]
-    code, out, err = cli_run(["eval", "--model", str(tiny_model_dir), "--task", "calc", "--size", "2", "--samples", "0",
-                              "--json"])
+    code, out, err = cli_run(["eval", "--model", str(tiny_model_dir), "--task", "calc", "--size", "8", "--samples", "0",
+                              "--json", "--reward", "tests.helpers:digit_share", "--max-new-tokens", "6"])
     assert code == 0, (out, err)
     plain = json.loads(out)
     assert plain["env"] == "calculator" and plain["greedy"]["turns_mean"] == summary["eval_turns_mean_before"]
+    assert plain["greedy"]["reward_mean"] == summary["eval_reward_before"]  # the run's max_new_tokens (6)
     env = tmp_path / "echo_env.py"
     env.write_text(USER_ENV)
     code, out, err = cli_run(["eval", "--model", str(tiny_model_dir), "--env", f"{env}:Echo", "--size", "4",

@@ -34,6 +34,8 @@ class Ragged:
     """Answers of 0 to 2 characters (the seed's choice) and games of 2 to 4 turns: episodes leave the
     batch at different turns, and one answer adds no token at all (its last token is fed again)."""
 
+    seed_per_episode = True  # each episode its own seed: a row's episodes differ too
+
     def reset(self, row: dict[str, Any], seed: int) -> list[dict[str, Any]]:
         self.seed, self.turn = seed, 0
         return [{"role": "user", "content": row["prompt"]}]

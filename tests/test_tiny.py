@@ -117,13 +117,13 @@ def test_the_guess_environment_answers_in_the_rows_own_words() -> None:
     from llmrl.envs import resolve_env
     from llmrl.tasks import guess
 
-    row = guess.sign_splits()[1][0]  # (72 81), secret 80
+    row = guess.sign_splits()[1][0]  # (85 94), secret 86
     env = resolve_env("guess").make()
-    assert env.reset(row, 0) == [{"role": "user", "content": "(72 81)"}]
-    assert env.step("76", []).messages == [{"role": "user", "content": "+"}]
-    assert env.step("81", []).messages == [{"role": "user", "content": "-"}]
-    assert env.step("x", []).messages == [{"role": "user", "content": "(72 81)"}]  # no number: the rule again
-    assert env.step("80", []).done
+    assert env.reset(row, 0) == [{"role": "user", "content": "(85 94)"}]
+    assert env.step("85", []).messages == [{"role": "user", "content": "+"}]
+    assert env.step("94", []).messages == [{"role": "user", "content": "-"}]
+    assert env.step("x", []).messages == [{"role": "user", "content": "(85 94)"}]  # no number: the rule again
+    assert env.step("86", []).done
     plain = resolve_env("guess").make()
     plain.reset(guess.splits()[1][0], 0)
     assert plain.step("1", []).messages == [{"role": "user", "content": "Higher."}]

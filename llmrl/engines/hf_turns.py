@@ -18,7 +18,9 @@ cache with attention mask 0. A new turn of episode e with ids `seq` so far:
 
 Position ids count kept tokens only, so every token sits where a fresh left-padded prefill of `seq`
 puts it and attends to the same keys; the numbers differ from a fresh prefill only by float rounding
-(other matmul shapes). Turn 0 is `hf.generate` itself, bit for bit.
+(other matmul shapes). Turn 0 is `hf.generate` itself, with the engine's settings (`HFEngine.pack`), so
+one-turn episodes are the single-turn rollout bit for bit; the later turns, a few tokens each, decode
+through the plain products (packing the weights again at every turn would cost more than it saves).
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ class CachedTurns:
                 gen = generate(stack, ids.to(device), mask.to(device), max_new_tokens=settings.max_new_tokens,
                                eos_id=engine.stop_ids, pad_id=engine.pad_id, temperature=settings.temperature,
                                top_p=settings.top_p, uniforms=uniforms, logprobs=logprobs,
-                               all_done=engine.dist.all_done, cache=self.cache)  # unpacked: models/packed.py
+                               all_done=engine.dist.all_done, cache=self.cache, pack=engine.pack)  # the rollout's path
                 self.slots = [[t if m else None for t, m in zip(r, k)] for r, k in zip(ids.tolist(), mask.tolist())]
             else:
                 gen = self._continue(episodes, sequences, settings, uniforms, logprobs)

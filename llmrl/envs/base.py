@@ -9,7 +9,10 @@ An episode starts from a dataset row and alternates turns until it ends:
     until    out.done, rollout.max_turns turns, or rollout.max_episode_tokens response tokens
 
 One environment object serves one episode (`make()` builds a fresh one per episode), so it may
-keep whatever state the episode needs. A user's environment is a class named like a reward
+keep whatever state the episode needs. `seed` is the row's game key: the same for the G episodes of a
+row in a step (they play one game, and a group estimator compares like with like), another for each
+row and step, and for evaluation a key no training step uses (step/episodes.game_keys); a class that
+sets `seed_per_episode = True` gets each episode's own sampling key instead. A user's environment is a class named like a reward
 function, `module:Class` or `path/to/file.py:Class` (rewards/resolve.py loads it); its constructor
 takes no argument.
 """
@@ -66,7 +69,7 @@ class Environment(Protocol):
         ...
 
     def reset(self, row: dict[str, Any], seed: int) -> list[Message]:
-        """The episode's opening messages for this dataset row (`seed`: the row's sampling key)."""
+        """The episode's opening messages for this dataset row (`seed`: the row's game key, see above)."""
         ...
 
     def step(self, text: str, calls: list[ToolCall]) -> EnvStep:

@@ -9,8 +9,9 @@ Wordle-v0, Hangman-v0, TowerOfHanoi-v0, …) behind one interface:
     done, info = env.step(action_text)
     rewards, game_info = env.close()      # at the end: {player: reward}
 
-`TextArenaEnv` plays one game per episode: `reset` opens it with the row's `ta_seed` (so the G
-episodes of a row play the same game: a group estimator compares like with like), its opening
+`TextArenaEnv` plays one game per episode: `reset` opens it with the row's `ta_seed`, or on a row
+without one (`--env ta:…` on another task's rows) with the row's game key (so the G episodes of a row
+play the same game either way: a group estimator compares like with like), its opening
 messages are the prompt; `step` sends the assistant turn's text as the action and answers with the
 game's messages since (the player's own action, which TextArena echoes back, is left out: it is
 already in the episode as the model's tokens). When the game is over the episode ends with the

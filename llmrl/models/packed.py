@@ -23,8 +23,9 @@ in bfloat16, 0.19-0.30 s in float32 there) and freed at exit; the start-up table
 (`HFEngine.memory`). Only no-grad calls take the packed path: a layer called with gradients on runs
 its plain forward. bfloat16 weights are packed only where oneDNN has the instructions for them.
 
-Used only by the `hf` engine's `generate` (`engine.pack_weights`; rollouts and evaluations, not the
-turns of an episode batch, which would pack again at every turn of a few tokens), on models of hidden
+Used only by the `hf` engine's `generate` (`engine.pack_weights`; rollouts, evaluations and the first
+turn of an episode batch, which is a rollout's `generate`; not the later turns, which would pack again
+at every turn of a few tokens), on models of hidden
 size ≥ 256: below that (the built-in tiny model) a product is too small for the layout to matter, and
 the built-in default keeps its numbers bit for bit.
 """

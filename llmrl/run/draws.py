@@ -74,6 +74,7 @@ def draw(s: Session, step: int, rows: list[dict[str, Any]], index: torch.Tensor,
         first = one_round(rows, index, 0)
         return Drawn(first[0], first[1], first[1], _episode_stats(first[0], [first[0]]))
     want, taken = len(rows), set(index.tolist())
+    stops = stop_token_ids(s.tokenizer, s.stack.lm)
     more = extra_prompts(len(s.task.train), taken, cfg.rollout.oversample, cfg.seed, step, 0)
     taken |= set(more.tolist())
     current = one_round(rows + [s.task.train[i] for i in more.tolist()], torch.cat([index, more]), 0)
@@ -93,7 +94,8 @@ def draw(s: Session, step: int, rows: list[dict[str, Any]], index: torch.Tensor,
             current = one_round([s.task.train[i] for i in more.tolist()], more, d)
             rounds.append(current[0])
         raw = current[1].scores
-        ok = informative(raw if cfg.rollout.filter_on == "score" else sequence_rewards(current[0], raw, cfg), g)
+        seen = raw if cfg.rollout.filter_on == "score" else sequence_rewards(current[0], raw, cfg, stops)
+        ok = informative(seen, g)
         dropped += int((~ok).sum())
         chosen = ok.nonzero().squeeze(1)[: want - n_kept]
         if len(chosen):

@@ -30,6 +30,8 @@ class EvalResult:
     reward_mean: float
     completions: list[str]
     metrics: dict[str, float] = field(default_factory=dict)
+    env_rewards: list[float] | None = None
+    """Episodes: each row's Σ of the environment's rewards, part of its reward (None: one turn)."""
 
 
 @torch.no_grad()
@@ -74,7 +76,10 @@ def evaluate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
                       metrics: Mapping[str, Callable[..., Sequence[float]]] | None = None,
                       stop_ids: Sequence[int] = (), context: int | None = None, role: str = "actor") -> EvalResult:
     """`evaluate` in episodes (step/episodes.py): greedy turns in the environment `env`, each episode's
-    reward = the task's reward of its last turn + Σ the environment's rewards. Besides the task's
+    reward = the task's reward of its last turn + Σ the environment's rewards. Held-out row i's `reset`
+    seed is keyed by (0, EVAL_STEP, i), a step no training takes, so an environment that builds its game
+    from the seed deals it another game than any train row's (and the sampled evaluation's row i, at
+    seed 0, the same game). Besides the task's
     metrics: eos_rate (the last turn ended with a stop token), response_len (the model's tokens per
     episode), turns_mean, tool_calls_per_episode and tool_error_rate (failed calls / calls, 0 without calls)."""
     completions: list[str] = []
@@ -83,7 +88,7 @@ def evaluate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
     for start in range(0, len(rows), batch_size):
         chunk = list(rows[start : start + batch_size])
         ep = generate_episodes(engine, tokenizer, env, chunk, torch.arange(start, start + len(chunk)), cfg=one,
-                               seed=0, step=0, device=torch.device("cpu"), stop_ids=stop_ids, context=context,
+                               seed=0, step=EVAL_STEP, device=torch.device("cpu"), stop_ids=stop_ids, context=context,
                                greedy=True, role=role)
         assert ep.episodes is not None
         completions += ep.completions
@@ -101,7 +106,8 @@ def evaluate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
     extra.update(eos_rate=float(torch.cat(ended).sum()) / n, response_len=float(torch.cat(lengths).sum()) / n,
                  turns_mean=float(torch.cat(turns).mean()), tool_calls_per_episode=float(torch.cat(calls).mean()),
                  tool_error_rate=float(torch.cat(errors).sum() / torch.cat(calls).sum().clamp(min=1)))
-    return EvalResult(float((rewards >= success).sum()) / n, float(rewards.sum()) / n, completions, extra)
+    return EvalResult(float((rewards >= success).sum()) / n, float(rewards.sum()) / n, completions, extra,
+                      torch.cat(env_rewards).tolist())
 
 
 @torch.no_grad()
@@ -136,16 +142,21 @@ def evaluate_sampled_episodes(engine: GenerationEngine, tokenizer: PreTrainedTok
 
 def per_group(rows: Sequence[dict[str, Any]], completions: Sequence[str], reward_fn: Callable[..., Sequence[float]], *,
               by: str, success: float = 1.0,
-              metrics: Mapping[str, Callable[..., Sequence[float]]] | None = None) -> dict[str, float]:
+              metrics: Mapping[str, Callable[..., Sequence[float]]] | None = None,
+              env_rewards: Sequence[float] | None = None) -> dict[str, float]:
     """For each value g of the rows' column `by` (a mixture's task), in order of first appearance:
-    `accuracy/<g>` = share of g's completions whose reward ≥ success, and `<metric>/<g>` = the mean of
-    each of the task's metrics over g's rows. Scored again from the completions, so it holds for an
-    evaluation shared by several processes too."""
+    `accuracy/<g>` = share of g's rows whose reward ≥ success, the reward being the task's of the
+    completion + the row's `env_rewards` (episodes: the environment's, as in the total accuracy), and
+    `<metric>/<g>` = the mean of each of the task's metrics over g's rows. Scored again from the
+    completions, so it holds for an evaluation shared by several processes too."""
     out: dict[str, float] = {}
     for g in dict.fromkeys(r[by] for r in rows):
         idx = [i for i, r in enumerate(rows) if r[by] == g]
         part, texts = [rows[i] for i in idx], [completions[i] for i in idx]
-        out[f"accuracy/{g}"] = float((score_texts(reward_fn, part, texts) >= success).sum()) / len(idx)
+        rewards = score_texts(reward_fn, part, texts)
+        if env_rewards is not None:
+            rewards = rewards + torch.tensor([env_rewards[i] for i in idx], dtype=rewards.dtype)
+        out[f"accuracy/{g}"] = float((rewards >= success).sum()) / len(idx)
         for name, fn in (metrics or {}).items():
             out[f"{name}/{g}"] = float(score_texts(fn, part, texts).sum()) / len(idx)
     return out
@@ -155,7 +166,8 @@ def with_groups(result: EvalResult, rows: Sequence[dict[str, Any]], task: Any) -
     """`result` with the per-task numbers of `per_group` among its metrics when the task has a `by` column."""
     if not getattr(task, "by", None) or not rows:
         return result
-    extra = per_group(rows, result.completions, task.reward, by=task.by, success=task.success, metrics=task.metrics)
+    extra = per_group(rows, result.completions, task.reward, by=task.by, success=task.success, metrics=task.metrics,
+                      env_rewards=result.env_rewards)
     return replace(result, metrics={**result.metrics, **extra})
 
 

@@ -16,7 +16,7 @@ from ..algos import preset_for
 from ..config import Config
 from ..config.on_policy import on_policy_update, on_policy_values
 from ..engines import GenerationEngine, build_engine, check_engine
-from ..envs import ENVS, EnvSpec, resolve_env
+from ..envs import ENVS, EnvSpec, call_format, offered_tools, prompt_ids, resolve_env, run_with_limit
 from ..errors import ConfigError
 from ..estimators import EstimatorSpec, get_estimator, import_user_module
 from ..kl_control import KLController
@@ -127,6 +127,7 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
         torch.set_num_threads(config.threads)
     base, tokenizer = dist.main_first(lambda: load_base(config.model, show_progress=reporter.interactive), local=True)
     check_sizes(config, base.config, base.device)  # before the adapters, sized by lora.r, are built
+    check_step_rows(config.rollout.prompts_per_step, len(task.train))
     apply_chat_setting(tokenizer, config.data.chat_template, config.model.name)
     seed_everything(config.seed)
     stack = PolicyStack(base, config.lora, with_critic=spec.needs.critic, share_prompts=config.model.share_prompts,
@@ -138,7 +139,8 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
 
         dist = shard_base(stack, dist)
     longest = check_context(task, tokenizer, base.config, config.rollout.max_new_tokens,
-                            config.engine.max_model_len if config.rollout.engine == "vllm" else None)
+                            config.engine.max_model_len if config.rollout.engine == "vllm" else None,
+                            env=env, rollout=config.rollout)
     engine = build_engine(config.rollout.engine, stack=stack, tokenizer=tokenizer, config=config, dist=dist,
                           longest_prompt=longest,
                           response_tokens=None if env is None else episode_budget(config.rollout))
@@ -153,6 +155,14 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
     if not resume:  # a resumed run records a new length once its checkpoint is restored (`record_steps`)
         folder.write_config(config)
     return session
+
+
+def check_step_rows(per_step: int, train_rows: int) -> None:
+    """Refuse a step of more prompts than the train split holds: it would read a row twice, and both
+    copies would be sampled with the same keys, so their group would weigh double (run/data.py)."""
+    if train_rows and per_step > train_rows:
+        raise ConfigError(f"rollout.prompts_per_step ({per_step}) is larger than the train split ({train_rows} rows), "
+                          f"so a step would read a row twice with the same sampling keys; set it to at most {train_rows}.")
 
 
 def episode_context(s: Session) -> int | None:
@@ -171,13 +181,33 @@ def record_steps(folder: RunFolder, config: Config) -> None:
         folder.write_config(config)
 
 
+def prompt_lengths(rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, split: str,
+                   env: EnvSpec | None = None, rollout: Any = None) -> list[int]:
+    """Each row's prompt in tokens as the run renders it: the prompt's own tokens, or with an environment
+    the episode's opening (`env.reset(row, 0)`) rendered with the tools it offers (step/episodes.py: the
+    calculator's schema alone is 654 characters in the Hermes format)."""
+    if env is None:
+        return [len(ids) for ids in tokenize_prompts(tokenizer, [r["prompt"] for r in rows]).input_ids]
+    fmt = call_format(tokenizer, rollout.tool_format)
+    out = []
+    for i, row in enumerate(rows):
+        game = env.make()
+        opening, error = run_with_limit(lambda: game.reset(row, 0), {}, rollout.env_timeout_s)  # noqa: B023
+        if error is not None:  # the user's environment: one sentence, never a traceback
+            raise ConfigError(f"Environment '{env.name}' {error} in reset (row {i} of the {split} split).")
+        out.append(len(prompt_ids(tokenizer, opening, offered_tools(game), fmt)))
+    return out
+
+
 def check_context(task: Task, tokenizer: PreTrainedTokenizerBase, model_config: Any, max_new_tokens: int,
-                  engine_limit: int | None = None) -> int:
-    """The longest prompt of the task, in tokens (it sizes the vllm engine's context and KV cache),
-    after refusing prompts that cannot fit, with the response, in the model's context window, or in the
+                  engine_limit: int | None = None, env: EnvSpec | None = None, rollout: Any = None) -> int:
+    """The longest prompt of the task, in tokens as the run renders it (`prompt_lengths`: with an
+    environment, its opening and tools; it sizes the vllm engine's context and KV cache), after
+    refusing prompts that cannot fit, with the response, in the model's context window, or in the
     vllm engine's `engine.max_model_len` (`engine_limit`) where that is smaller: vLLM would stop such a
     response at the cap with finish reason 'length' before max_new_tokens (scored as if it had ended,
-    missed by truncated_rows and the overlong penalty), or refuse a longer prompt mid-run."""
+    missed by truncated_rows and the overlong penalty), or refuse a longer prompt mid-run; an episode
+    would end before its first turn and be scored as an empty answer."""
     model_limit = getattr(model_config.get_text_config(), "max_position_embeddings", None)
     limit, where = model_limit, f"the model's context of {model_limit} tokens"
     if engine_limit and (not model_limit or engine_limit < model_limit):
@@ -186,13 +216,14 @@ def check_context(task: Task, tokenizer: PreTrainedTokenizerBase, model_config: 
     for split, rows in (("train", task.train), ("eval", task.eval)):
         if not rows:  # no held-out split (data.eval_fraction=0): tokenizing [] raises
             continue
-        lengths = [len(ids) for ids in tokenize_prompts(tokenizer, [r["prompt"] for r in rows]).input_ids]
+        lengths = prompt_lengths(rows, tokenizer, split, env, rollout)
         longest = max(longest, *lengths)
+        rendered = " as the environment opens it (its tools included)" if env is not None else ""
         for i, n in enumerate(lengths):
             if limit and n + max_new_tokens > limit:
                 raise ConfigError(
-                    f"Prompt {i} of the {split} split has {n} tokens; with rollout.max_new_tokens={max_new_tokens} "
-                    f"it exceeds {where}."
+                    f"Prompt {i} of the {split} split has {n} tokens{rendered}; with rollout.max_new_tokens="
+                    f"{max_new_tokens} it exceeds {where}."
                 )
     return longest
 
@@ -203,6 +234,7 @@ def run_eval(s: Session) -> EvalResult | None:
     rows = s.task.eval[: s.config.eval.size]
     if not rows:
         return None
+    env_rewards: list[float] = []  # episodes run in one process (episode_env), so `on` sees every row
 
     def on(part: Any) -> tuple[float, float, list[str], dict[str, float]]:
         if s.env is not None:  # greedy episodes in the run's environment (tools and all)
@@ -210,10 +242,12 @@ def run_eval(s: Session) -> EvalResult | None:
                                     success=s.task.success, batch_size=s.config.eval.batch_size, metrics=s.task.metrics,
                                     stop_ids=stop_token_ids(s.tokenizer, s.stack.lm),
                                     context=episode_context(s))
+            env_rewards.extend(res.env_rewards or [])
             return res.accuracy, res.reward_mean, res.completions, res.metrics
         res = evaluate(s.engine, s.tokenizer, part, s.task.reward, max_new_tokens=s.config.rollout.max_new_tokens,
                        success=s.task.success, batch_size=s.config.eval.batch_size, metrics=s.task.metrics,
                        stop_ids=stop_token_ids(s.tokenizer, s.stack.lm))
         return res.accuracy, res.reward_mean, res.completions, res.metrics
 
-    return with_groups(EvalResult(*shared_evaluation(s.dist, rows, on)), rows, s.task)  # a mixture's accuracy per task
+    result = EvalResult(*shared_evaluation(s.dist, rows, on), env_rewards=env_rewards if s.env is not None else None)
+    return with_groups(result, rows, s.task)  # a mixture's accuracy per task

@@ -15,8 +15,11 @@ that was sampled. The environment answers every turn (its reward counts); the ep
 says done, after `rollout.max_turns` turns, at `rollout.max_episode_tokens` response tokens (a turn
 is cut there), or when a turn ends without a stop token (cut at max_new_tokens), and then its answer
 is not appended. Turn k of a row is keyed by (its row key, k): turn 0 uses the
-single-turn key itself (`turn_keys`). The completion scored by the task's reward is the last turn's
-text; the environment's per-turn rewards are summed in `EpisodeLog.env_reward`.
+single-turn key itself (`turn_keys`). `reset` gets the row's game key (`game_keys`: the key of the
+row's sample 0), the same for its G episodes, so they play one game and a group estimator compares
+like with like; an environment that sets `seed_per_episode = True` gets each episode's own key.
+The completion scored by the task's reward is the last turn's text; the environment's per-turn
+rewards are summed in `EpisodeLog.env_reward`.
 """
 
 from __future__ import annotations
@@ -96,6 +99,7 @@ class Episode:
     cap: int | None
     ids: list[int] = field(default_factory=list)
     acted: list[bool] = field(default_factory=list)
+    turn_of: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
     last_text: str = ""
     done: bool = False
@@ -113,9 +117,11 @@ class Episode:
         """The tokens its next turn may take: max_new_tokens, or less near its cap."""
         return max_new_tokens if self.cap is None else min(max_new_tokens, self.cap - len(self.ids))
 
-    def append(self, ids: list[int], acted: bool, lps: list[float] | None) -> None:
+    def append(self, ids: list[int], acted: bool, lps: list[float] | None, turn: int = 0) -> None:
+        """Add `ids`: the model's turn `turn` (1-based) when `acted`, else the environment's answer (turn 0)."""
         self.ids += ids
         self.acted += [acted] * len(ids)
+        self.turn_of += [turn] * len(ids)
         if lps is not None:
             self.lps += lps
 
@@ -127,13 +133,21 @@ def _cap(cfg: RolloutConfig, prompt: list[int], context: int | None) -> int | No
     return min(x for x in (cfg.max_episode_tokens, None if context is None else context - len(prompt)) if x is not None)
 
 
-def _start(spec: EnvSpec, tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, Any]], keys: Tensor, g: int,
-           cfg: RolloutConfig, fmt: str, context: int | None) -> tuple[list[Episode], Any]:
-    """Episode i = `spec.make()` reset on row i // g with key i, its opening rendered with the tools it offers."""
+def game_keys(seed: int, step: int, index: Tensor) -> Tensor:
+    """(N,) the `reset` seeds of episodes whose rows are `index` (N,): the key of each row's sample 0,
+    (seed, step, row, 0), whatever the episode's own sample, so a row's G episodes play one game."""
+    return row_keys(seed, step, index, torch.zeros_like(index))
+
+
+def _start(spec: EnvSpec, tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, Any]], keys: Tensor,
+           games: Tensor, g: int, cfg: RolloutConfig, fmt: str, context: int | None) -> tuple[list[Episode], Any]:
+    """Episode i = `spec.make()` reset on row i // g with the row's game key `games[i]` (its own key `keys[i]`
+    when the environment sets `seed_per_episode`), its opening rendered with the tools it offers."""
     episodes, tools = [], None
     for i in range(len(keys)):
         env = spec.make()
-        opening = _call(spec, "reset", lambda: env.reset(rows[i // g], int(keys[i])), i, cfg.env_timeout_s)
+        seed = int(keys[i] if getattr(env, "seed_per_episode", False) else games[i])
+        opening = _call(spec, "reset", lambda: env.reset(rows[i // g], seed), i, cfg.env_timeout_s)
         tools = offered_tools(env)
         prompt = prompt_ids(tokenizer, opening, tools, fmt)
         episodes.append(Episode(env, prompt, _cap(cfg, prompt, context)))
@@ -145,7 +159,8 @@ def _answer(spec: EnvSpec, tokenizer: PreTrainedTokenizerBase, ep: Episode, i: i
     """The environment's step on episode i's turn `sampled` (already appended): its reward and counts, and
     its answer appended when the model may act again, else the episode ends. Returns the seconds in `step`."""
     stopped = bool(sampled) and sampled[-1] in stop_ids
-    calls = parse_calls(tokenizer.decode(sampled[:-1] if stopped else sampled, skip_special_tokens=False), fmt)
+    # a turn cut before its stop token is unfinished: it calls nothing (a call cut mid-way is no tool error)
+    calls = parse_calls(tokenizer.decode(sampled[:-1], skip_special_tokens=False), fmt) if stopped else []
     started = time.perf_counter()
     out = _checked_step(spec, ep.env, i, ep.last_text, calls, cfg.env_timeout_s)
     seconds = time.perf_counter() - started
@@ -186,7 +201,7 @@ def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
     index = prompt_index.repeat_interleave(g)
     keys = row_keys(seed, step, index, torch.arange(first_sample, first_sample + g).repeat(len(rows)))
     fmt = call_format(tokenizer, cfg.tool_format)
-    episodes, tools = _start(spec, tokenizer, rows, keys, g, cfg, fmt, context)
+    episodes, tools = _start(spec, tokenizer, rows, keys, game_keys(seed, step, index), g, cfg, fmt, context)
     decoder = open_turns(engine, tokenizer.pad_token_id, role, reuse_cache)
     slots, env_time, lp_dtype = 0, 0.0, torch.float32  # slots: Σ_turns live episodes × the turn's longest sampled run
     for turn in range(cfg.max_turns):
@@ -204,7 +219,8 @@ def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
             sampled = gen.response_ids[j][mask].tolist()[: room[j]]
             if gen.logprobs is not None:
                 lp_dtype = gen.logprobs.dtype
-            ep.append(sampled, True, None if gen.logprobs is None else gen.logprobs[j][mask].tolist()[: room[j]])
+            ep.append(sampled, True, None if gen.logprobs is None else gen.logprobs[j][mask].tolist()[: room[j]],
+                      turn + 1)
             ep.turns += 1
             ep.last_text = tokenizer.decode(sampled, skip_special_tokens=True)
             env_time += _answer(spec, tokenizer, ep, i, sampled, cfg, turn == cfg.max_turns - 1, stop_ids, fmt, tools)
@@ -229,7 +245,8 @@ def _samples(episodes: list[Episode], rows: Sequence[dict[str, Any]], index: Ten
                      torch.tensor([ep.env_reward for ep in episodes], dtype=torch.float32),
                      torch.tensor([ep.env_tokens for ep in episodes]), env_time, early.to(device), slots,
                      torch.tensor([[r for _, r in ep.rewards] + [float("nan")] * (max_turns - len(ep.rewards))
-                                   for ep in episodes], dtype=torch.float32))
+                                   for ep in episodes], dtype=torch.float32),
+                     right_pad([ep.turn_of for ep in episodes], 0, torch.long).to(device))
     return Samples(
         rows=tuple(rows), prompt_ids=p_ids.to(device), prompt_mask=p_mask.to(device),
         response_ids=right_pad([ep.ids for ep in episodes], pad, torch.long).to(device),
@@ -280,10 +297,13 @@ def episode_view(tokenizer: PreTrainedTokenizerBase, samples: Samples, i: int) -
     ids = samples.response_ids[i][context[i]].tolist()
     acted = samples.response_mask[i][context[i]].tolist()
     early = None if log.early_rewards is None else log.early_rewards[i][context[i]].tolist()
+    # a run ends where the action mask or the model's turn number changes (two model turns meet where the
+    # environment's answer between them is empty)
+    part = acted if log.turn_index is None else list(zip(acted, log.turn_index[i][context[i]].tolist()))
     turns: list[dict[str, Any]] = []
     start = 0
     for end in range(1, len(ids) + 1):
-        if end == len(ids) or acted[end] != acted[start]:
+        if end == len(ids) or part[end] != part[start]:
             turns.append({"by": "model" if acted[start] else "env", "text": tokenizer.decode(ids[start:end]),
                           "tokens": end - start, "trained": bool(acted[start])})
             if acted[start]:

@@ -50,6 +50,8 @@ def _trim(samples: Samples) -> Samples:
     mu, context, log = samples.behaviour_logprobs, samples.context_mask, samples.episodes
     if log is not None and log.early_rewards is not None:
         log = replace(log, early_rewards=log.early_rewards[:, :t1])
+    if log is not None and log.turn_index is not None:
+        log = replace(log, turn_index=log.turn_index[:, :t1])
     return replace(samples, prompt_ids=samples.prompt_ids[:, p0:], prompt_mask=samples.prompt_mask[:, p0:],
                    response_ids=samples.response_ids[:, :t1], response_mask=samples.response_mask[:, :t1],
                    behaviour_logprobs=None if mu is None else mu[:, :t1],
@@ -62,8 +64,9 @@ def _log_rows(log: EpisodeLog | None, rows: list[int]) -> EpisodeLog | None:
         return None
     early = None if log.early_rewards is None else log.early_rewards[rows]
     per_turn = None if log.turn_rewards is None else log.turn_rewards[rows]
+    index = None if log.turn_index is None else log.turn_index[rows]
     return EpisodeLog(log.turns[rows], log.tool_calls[rows], log.tool_errors[rows], log.env_reward[rows],
-                      log.env_tokens[rows], log.env_time_s, early, log.decode_slots, per_turn)
+                      log.env_tokens[rows], log.env_time_s, early, log.decode_slots, per_turn, index)
 
 
 def _join_logs(logs: Sequence[EpisodeLog | None], width: int) -> EpisodeLog | None:
@@ -72,12 +75,13 @@ def _join_logs(logs: Sequence[EpisodeLog | None], width: int) -> EpisodeLog | No
     if any(x is None for x in logs):
         return None
     cat = lambda get: torch.cat([get(x) for x in logs])  # noqa: E731
-    early = [x.early_rewards for x in logs]
+    early, index = [x.early_rewards for x in logs], [x.turn_index for x in logs]
     return EpisodeLog(cat(lambda x: x.turns), cat(lambda x: x.tool_calls), cat(lambda x: x.tool_errors),
                       cat(lambda x: x.env_reward), cat(lambda x: x.env_tokens), sum(x.env_time_s for x in logs),
                       None if any(e is None for e in early) else torch.cat([_pad(e, width, 0.0, False) for e in early]),
                       sum(x.decode_slots for x in logs),
-                      None if any(x.turn_rewards is None for x in logs) else cat(lambda x: x.turn_rewards))
+                      None if any(x.turn_rewards is None for x in logs) else cat(lambda x: x.turn_rewards),
+                      None if any(i is None for i in index) else torch.cat([_pad(i, width, 0, False) for i in index]))
 
 
 def select_groups(samples: Samples, scores: Scores, keep: Tensor) -> tuple[Samples, Scores]:

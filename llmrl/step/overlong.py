@@ -4,6 +4,14 @@ Both are off by default; the `dapo` preset turns both on.
 
 A completion is truncated when it holds L_max = `rollout.max_new_tokens` tokens and the last is not
 EOS: generation was cut, so its reward judges an unfinished answer.
+
+Episodes (rollout.env, step/episodes.py): L_max is a limit per turn, and a turn that ends without a
+stop token ends the episode, so only an episode's last turn can have been cut. Both settings judge
+that turn: an episode is truncated when its last turn ends without a stop token (cut at
+max_new_tokens, at rollout.max_episode_tokens or at the context), and its length for the penalty is
+the last turn's tokens, or L_max when it was cut (the full penalty, as a cut single-turn answer
+gets). The earlier turns all ended with a stop token within L_max and are not penalised: e.g. a
+calculator call of 8 tokens (at L_max = 8) then an answer of 6 is judged by its 6.
 """
 
 from __future__ import annotations
@@ -20,9 +28,22 @@ from .records import Samples
 
 
 def truncated_rows(samples: Samples, stop_ids: int | Sequence[int], max_new_tokens: int) -> Tensor:
-    """(N,) bool: the response has `max_new_tokens` tokens and its last token is not a stop token."""
+    """(N,) bool: the response has `max_new_tokens` tokens and its last token is not a stop token;
+    an episode: its last turn's last token is not a stop token (however the turn was cut)."""
     mask = samples.response_mask
-    return (mask.sum(-1) >= max_new_tokens) & ~ends_with_stop(samples.response_ids, mask, stop_ids)
+    cut = ~ends_with_stop(samples.response_ids, mask, stop_ids)
+    return cut if samples.episodes is not None else (mask.sum(-1) >= max_new_tokens) & cut
+
+
+def judged_lengths(samples: Samples, stop_ids: int | Sequence[int], max_new_tokens: int, dtype: torch.dtype) -> Tensor:
+    """(N,) the |y| the overlong penalty judges: the response's tokens; an episode's last turn's tokens
+    (EpisodeLog.turn_index == its turn count), or max_new_tokens when that turn was cut."""
+    log = samples.episodes
+    if log is None or log.turn_index is None:
+        return samples.response_mask.sum(-1).to(dtype)
+    last = (log.turn_index == log.turns.to(log.turn_index.device)[:, None]).sum(-1).to(dtype)
+    cut = truncated_rows(samples, stop_ids, max_new_tokens).to(last.device)
+    return torch.where(cut, torch.full_like(last, float(max_new_tokens)), last)
 
 
 def eos_rate(samples: Samples, stop_ids: int | Sequence[int], dist: DistContext = SINGLE) -> float:
@@ -44,7 +65,7 @@ def overlong_penalty(lengths: Tensor, max_new_tokens: int, buffer: float, penalt
     return -penalty * ((lengths - (max_new_tokens - cache)) / cache).clamp(0.0, 1.0)
 
 
-def sequence_rewards(samples: Samples, scores: Tensor, config: Config) -> Tensor:
+def sequence_rewards(samples: Samples, scores: Tensor, config: Config, stop_ids: int | Sequence[int] = ()) -> Tensor:
     """(N,) what a group estimator sees as each response's reward before the forwards: the score plus
     the overlong penalty of its length (`reward.overlong_buffer`; `apply_overlong` adds the same
     number on the last token). Dynamic sampling compares these within a group (run/draws.py): a
@@ -53,7 +74,7 @@ def sequence_rewards(samples: Samples, scores: Tensor, config: Config) -> Tensor
     buffer = config.reward.overlong_buffer
     if buffer is None:
         return scores
-    lengths = samples.response_mask.sum(-1).to(scores.dtype)
+    lengths = judged_lengths(samples, stop_ids, config.rollout.max_new_tokens, scores.dtype).to(scores.device)
     return scores + overlong_penalty(lengths, config.rollout.max_new_tokens, buffer, config.reward.overlong_penalty)
 
 
@@ -77,7 +98,8 @@ def apply_overlong(samples: Samples, rewards: Tensor, config: Config, stop_ids: 
     sums = [float(cut.sum())]
     if buffer is not None:
         mask = samples.response_mask
-        pen = overlong_penalty(mask.sum(-1).to(rewards.dtype), max_new, buffer, config.reward.overlong_penalty)
+        lengths = judged_lengths(samples, stop_ids, max_new, rewards.dtype).to(rewards.device)
+        pen = overlong_penalty(lengths, max_new, buffer, config.reward.overlong_penalty)
         rows = torch.arange(samples.n, device=rewards.device)
         rewards = rewards.clone()
         rewards[rows, last_token_index(mask)] += pen

@@ -43,7 +43,10 @@ class EpisodeLog:
     decode_slots: Σ over turns of (episodes still playing × the turn's longest sampled run): the token
     slots the engine decoded, of which the model's tokens are the used ones (`episode_stats`' idle share).
     turn_rewards (N, K) float32, K = rollout.max_turns: the environment's reward for each turn taken, NaN
-    for a turn the episode did not reach (`episode_stats`' per-turn means)."""
+    for a turn the episode did not reach (`episode_stats`' per-turn means).
+    turn_index (N, T) long, aligned with the response: k on the tokens of the model's turn k (1-based), 0 on
+    the environment's and on padding; it tells two model turns apart where the environment's answer between
+    them is empty (`episode_view`) and gives the last turn's length (`step/overlong.py`)."""
 
     turns: Tensor
     tool_calls: Tensor
@@ -54,6 +57,7 @@ class EpisodeLog:
     early_rewards: Tensor | None = None
     decode_slots: int = 0
     turn_rewards: Tensor | None = None
+    turn_index: Tensor | None = None
 
 
 @dataclass(frozen=True)

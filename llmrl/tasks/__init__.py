@@ -106,7 +106,7 @@ calculator calls) instead of sums, for TOOLS_STEPS steps; its cache folder is ti
 
 
 TINY_GUESS = "tiny-guess"
-GUESS_VERSION = "1"
+GUESS_VERSION = "2"  # 2: warm-started on the train split of held-out ranges (issue 45)
 GUESS_STEPS = 1000
 """`tiny-guess`: the tiny architecture warm-started on `guess.sign_transcripts` (games of `guess_signs`, most
 scanning upward, some halving the range the '+'/'-' answers allow), for GUESS_STEPS steps; cached in
@@ -177,8 +177,10 @@ def build_task(config: "Config") -> Task:
 
 
 def mix_tasks(tasks: list[Task], counts: list[int]) -> Task:
-    """One task of `tasks` (their names distinct): task k gives counts[k] train rows (mixture.py)."""
-    train = [{**r, "task": t.name} for t, n in zip(tasks, counts, strict=True) for r in mixture.cycle(t.train, n)]
+    """One task of `tasks` (their names distinct): task k gives counts[k] train rows (mixture.py), none of
+    them a question any task holds out (`mixture.unseen`)."""
+    pools = mixture.unseen([t.train for t in tasks], [t.eval for t in tasks], [t.name for t in tasks])
+    train = [{**r, "task": t.name} for t, pool, n in zip(tasks, pools, counts, strict=True) for r in mixture.cycle(pool, n)]
     held_out = mixture.interleave([[{**r, "task": t.name} for r in t.eval] for t in tasks])
     keys = list(dict.fromkeys(k for t in tasks for r in t.train[:1] + t.eval[:1] for k in (*r, "task")))
     own = {t.name: {k for r in t.train[:1] + t.eval[:1] for k in r if k != "prompt"} for t in tasks}

@@ -2,9 +2,11 @@
 
 Each row is a range of ten whole numbers [low, low + 9], 1 ≤ low ≤ 90, and a secret in it; the prompt
 states the rules and the range (`prompt`), the environment answers every wrong guess "Higher." or "Lower.", and
-the reward (`envs.guess.guessed`) is 1.0 when the episode's last guess is the secret. The (low, secret)
-pairs are all 900 of them in an order fixed by seed 1234 (independent of the run's seed), the first
-EVAL_SIZE held out, so train and held-out games are disjoint.
+the reward (`envs.guess.guessed`) is 1.0 when the episode's last guess is the secret. The prompt names
+the range only, so the split is by range: EVAL_SIZE / 10 = 20 of the 90 ranges (drawn by seed 1234,
+independent of the run's seed) are held out with all ten of their secrets, and training plays the
+other 70 ranges' 700 games: no held-out prompt is ever trained on. (Held-out ranges overlap trained
+ones in numbers: [20, 29] is held out while [19, 28] may be trained.)
 """
 
 from __future__ import annotations
@@ -27,12 +29,18 @@ def prompt(low: int, high: int) -> str:
 
 
 def splits(eval_size: int = EVAL_SIZE) -> tuple[list[dict], list[dict]]:
-    """(train, eval) rows {'prompt', 'answer': str(secret), 'low', 'high'}, disjoint, seed-independent."""
+    """(train, eval) rows {'prompt', 'answer': str(secret), 'low', 'high'}, seed-independent: the games of
+    ⌈eval_size / 10⌉ ranges held out (the first eval_size of them, in the shuffled order of all 900 games),
+    the other ranges' games trained on; no prompt is in both."""
     pairs = [(low, secret) for low in range(1, 91) for secret in range(low, low + WIDTH)]
-    random.Random(SPLIT_SEED).shuffle(pairs)
+    rng = random.Random(SPLIT_SEED)
+    rng.shuffle(pairs)
+    lows = list(range(1, 91))
+    rng.shuffle(lows)
+    held = set(lows[: -(-eval_size // WIDTH)])
     rows = [{"prompt": prompt(low, low + WIDTH - 1), "answer": str(secret), "low": low, "high": low + WIDTH - 1}
             for low, secret in pairs]
-    return rows[eval_size:], rows[:eval_size]
+    return [r for r in rows if r["low"] not in held], [r for r in rows if r["low"] in held][:eval_size]
 
 
 SIGNS_SEED = SPLIT_SEED + 1
@@ -47,7 +55,7 @@ def signs_prompt(low: int, high: int) -> str:
 
 
 def sign_splits(eval_size: int = EVAL_SIZE) -> tuple[list[dict], list[dict]]:
-    """`splits`' games (the same pairs, the same held-out 200) for the tiny models: prompt '(low high)',
+    """`splits`' games (the same pairs, the same held-out ranges) for the tiny models: prompt '(low high)',
     answered '+' (higher) or '-' (lower), the rule repeated as the prompt when a turn has no number."""
     def signs(row: dict) -> dict:
         text = signs_prompt(row["low"], row["high"])

@@ -9,7 +9,9 @@
 
 Train rows: one list in which task k (weight w_k) holds n_k = max(1, round(rg.train_size · w_k / Σw))
 rows (a reasoning-gym task generates n_k questions; a built-in task's rows are repeated or cut to
-n_k), shuffled by the run's prompt order like any task's rows: a step's prompts come from task k
+n_k) from its train rows less any whose prompt is held out by any task of the mixture (`unseen`: one
+task under two settings, or two tasks that share questions, could otherwise train on another entry's
+held-out question), shuffled by the run's prompt order like any task's rows: a step's prompts come from task k
 with probability about w_k / Σw. Held-out rows: the tasks' held-out rows interleaved one by one
 (k = 1, 2, …, 1, 2, …), so the first eval.size held out cover every task about equally, whatever the
 weights. Every row carries a `task` column (the entry's name, `#2`, `#3` … added to a repeated
@@ -19,6 +21,7 @@ name); the reward and each metric score a row with its own task's functions, and
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Callable, Collection, Mapping, Sequence
 
@@ -103,6 +106,21 @@ def interleave(lists: Sequence[Rows]) -> Rows:
     out = []
     for i in range(max((len(x) for x in lists), default=0)):
         out += [x[i] for x in lists if i < len(x)]
+    return out
+
+
+def unseen(trains: Sequence[Rows], held_outs: Sequence[Rows], names: Sequence[str]) -> list[Rows]:
+    """Each task's train rows without those whose prompt (a string, or chat messages compared as JSON) is a
+    held-out prompt of any task; a task left with none is refused."""
+    def key(row: dict[str, Any]) -> str:
+        return row["prompt"] if isinstance(row["prompt"], str) else json.dumps(row["prompt"], sort_keys=True)
+
+    held = {key(r) for rows in held_outs for r in rows}
+    out = [[r for r in rows if key(r) not in held] for rows in trains]
+    for name, rows, kept in zip(names, trains, out, strict=True):
+        if rows and not kept:
+            raise ConfigError(f"Every train question of '{name}' is held out by another task of the mixture; "
+                              "give its entries settings that make other questions.")
     return out
 
 
