@@ -146,7 +146,7 @@ def _bad_messages(messages: Any, allow_empty: bool) -> str | None:
 def _brief(value: Any, limit: int = 80) -> str:
     """repr(value), cut at `limit` characters."""
     try:
-        text = repr(value)
+        text = " ".join(repr(value).split())  # one line: a tensor's or a user object's repr may span several
     except Exception:  # a user's object whose repr raises
         return shown(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
