@@ -132,10 +132,10 @@ def checked_estimate(spec: EstimatorSpec, x: EstimatorInput) -> EstimatorOutput:
         if not (isinstance(value, Tensor) and value.is_floating_point() and tuple(value.shape) == want
                 and value.device == x.response_mask.device):
             what = (f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}"
-                    if isinstance(value, Tensor) else shown(value))
+                    if isinstance(value, Tensor) else shown(value).removeprefix("the "))
             need = " (it needs a critic, which trains on them)" if field_name == "returns" else ""
-            raise PluginError(f"{who} returned {field_name} {what} for a batch of shape {want}; {field_name} is a "
-                              f"floating tensor of that shape on {x.response_mask.device}{need}.")
+            raise PluginError(f"{who} returned {field_name} that are {what}, for a batch of shape {want}; "
+                              f"{field_name} must be a floating tensor of that shape on {x.response_mask.device}{need}.")
     bad = [k for k, v in out.stats.items() if not isinstance(k, str) or isinstance(v, bool)
            or not isinstance(v, numbers.Real)] if isinstance(out.stats, dict) else ["(not a dict)"]
     if bad:

@@ -12,6 +12,7 @@ softmax probability of the last label (e.g. 'positive'). Texts are scored in bat
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Sequence
 
 import torch
@@ -39,8 +40,10 @@ class RewardModel:
         self.source, self.batch_size, self.device = source, batch_size, device
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-            self.model, info = AutoModelForSequenceClassification.from_pretrained(
-                source, dtype=dtype, trust_remote_code=trust_remote_code, output_loading_info=True)
+            with warnings.catch_warnings():  # a head of 0 labels is refused by its first scores, in one sentence
+                warnings.filterwarnings("ignore", message="Initializing zero-element tensors is a no-op")
+                self.model, info = AutoModelForSequenceClassification.from_pretrained(
+                    source, dtype=dtype, trust_remote_code=trust_remote_code, output_loading_info=True)
         except (OSError, ValueError, KeyError) as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise ConfigError(f"Cannot load reward model '{source}' as a sequence classifier: {first}") from None
@@ -83,6 +86,7 @@ class RewardModel:
         if not ok:
             what = (f"logits of shape {tuple(logits.shape)} ({logits.dtype})" if isinstance(logits, torch.Tensor)
                     else f"logits that are a {type(logits).__name__}")
-            raise PluginError(f"Reward model '{self.source}' returned {what} for completions {first}–{first + n - 1}, "
-                              f"not a floating (batch, labels) tensor of shape ({n}, L) with L ≥ 1 labels.")
+            which = f"completion {first}" if n == 1 else f"completions {first}–{first + n - 1}"
+            raise PluginError(f"Reward model '{self.source}' returned {what} for {which}, not a floating (batch, labels) "
+                              f"tensor of shape ({n}, L) with L ≥ 1 labels.")
         return logits

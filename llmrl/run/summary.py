@@ -36,10 +36,10 @@ def no_update_reason(history: list[dict[str, Any]], updates: int) -> str | None:
         return (f"{LEGITIMATE} (rollout.filter_groups) dropped every group of all {dropped} steps, each prompt's "
                 "samples having the same reward, so no step had anything to learn from")
     if history and skipped == len(history):
-        return (f"every update pass of all {skipped} steps had a non-finite loss or gradient and was skipped "
+        return (f"every actor update pass of all {skipped} steps had a non-finite loss or gradient and was skipped "
                 "(skipped_updates in metrics.jsonl)")
     if history and dropped + skipped == len(history):
-        return (f"every update pass of {skipped} steps had a non-finite loss or gradient (skipped_updates in "
+        return (f"every actor update pass of {skipped} steps had a non-finite loss or gradient (skipped_updates in "
                 f"metrics.jsonl) and dynamic sampling dropped every group of the other {dropped}")
     return "the actor's optimizer never took a step"
 
