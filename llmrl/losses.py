@@ -226,11 +226,11 @@ def check_policy_loss(spec: PolicyLossSpec, out: object, logprobs: Tensor, old_l
     for name in ("clip_frac", "approx_kl"):
         value = getattr(out, name)
         if not (isinstance(value, Tensor) and value.numel() == 1):
-            raise PluginError(f"{who} returned {name} {shown(value)}, not a one-element tensor.")
+            raise PluginError(f"{who} returned {name} that is {shown(value)}, not a one-element tensor.")
     if not is_builtin(spec.fn) and not bool(torch.isfinite(loss)):
         inputs = (logprobs, old_logprobs, advantages)
         if all(bool(torch.isfinite(torch.where(mask, t, torch.zeros_like(t))).all()) for t in inputs):
-            raise PluginError(f"{who} returned the loss {float(loss)} from finite log-probs and advantages; the loss "
+            raise PluginError(f"{who} returned the loss {loss.detach().item()} from finite log-probs and advantages; the loss "
                               "must be finite.")
     return out
 

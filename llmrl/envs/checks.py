@@ -90,7 +90,10 @@ def check_tools(name: str, tools: Any, before: bool = False, episode: int | None
 
 def check_opening(name: str, messages: Any, episode: int) -> list[Message]:
     """What reset returned: a non-empty list of {role: str, content: str} messages."""
-    bad = _bad_messages(messages, allow_empty=False)
+    bad, item = _bad_messages(messages, allow_empty=False)
+    if item is not None:
+        raise PluginError(f"Environment '{name}' returned from reset (episode {episode}) a list whose item {item} is "
+                          f"{bad}, not {MESSAGE}.")
     if bad is not None:
         raise PluginError(f"Environment '{name}' returned {bad} from reset (episode {episode}), not a non-empty list "
                           f"of {{role: str, content: str}} messages.")
@@ -102,10 +105,13 @@ def check_step(name: str, out: Any, episode: int, turn: int) -> EnvStep:
     at = f"(episode {episode}, turn {turn})"
     if not isinstance(out, EnvStep):
         raise PluginError(f"Environment '{name}' returned a {type(out).__name__} from step, not an EnvStep {at}.")
-    bad = _bad_messages(out.messages, allow_empty=True)
+    bad, item = _bad_messages(out.messages, allow_empty=True)
+    if item is not None:
+        raise PluginError(f"Environment '{name}' returned from step {at} messages whose item {item} is {bad}, not "
+                          f"{MESSAGE}.")
     if bad is not None:
-        raise PluginError(f"Environment '{name}' returned EnvStep(messages=…) holding {bad} from step {at}; messages "
-                          f"is a list of {{role: str, content: str}} messages.")
+        raise PluginError(f"Environment '{name}' returned EnvStep(messages={bad}) from step {at}; messages is a list "
+                          f"of {{role: str, content: str}} messages.")
     r = out.reward
     if isinstance(r, bool) or not isinstance(r, numbers.Real) or not math.isfinite(r) or abs(r) > F32_MAX:
         raise PluginError(f"Environment '{name}' returned the reward {_reward(r)} from step {at}; a reward is a finite "
@@ -130,17 +136,17 @@ def tool_text(tool: str, result: Any) -> str:
         raise PluginError(f"Tool '{tool}' returned {shown(result)}; a tool returns {JSON_VALUES}.") from None
 
 
-def _bad_messages(messages: Any, allow_empty: bool) -> str | None:
-    """None when `messages` is a list of {role: str, content: str} mappings (non-empty unless
-    `allow_empty`), else a description of what is wrong."""
+def _bad_messages(messages: Any, allow_empty: bool) -> tuple[str | None, int | None]:
+    """(None, None) when `messages` is a list of {role: str, content: str} mappings (non-empty unless
+    `allow_empty`); else (what is wrong, None) for the whole value, or (the item, its index) for an item."""
     if not isinstance(messages, list):
-        return shown(messages)
+        return shown(messages), None
     if not messages and not allow_empty:
-        return "an empty list"
+        return "an empty list", None
     for i, m in enumerate(messages):
         if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-            return f"a list whose item {i} is {_brief(m)}, not {MESSAGE}"
-    return None
+            return _brief(m), i
+    return None, None
 
 
 def _brief(value: Any, limit: int = 80) -> str:

@@ -136,17 +136,20 @@ def checked_estimate(spec: EstimatorSpec, x: EstimatorInput) -> EstimatorOutput:
             need = " (it needs a critic, which trains on them)" if field_name == "returns" else ""
             raise PluginError(f"{who} returned {field_name} that are {what}, for a batch of shape {want}; "
                               f"{field_name} must be a floating tensor of that shape on {x.response_mask.device}{need}.")
-    bad = [k for k, v in out.stats.items() if not isinstance(k, str) or isinstance(v, bool)
-           or not isinstance(v, numbers.Real)] if isinstance(out.stats, dict) else ["(not a dict)"]
+    if not isinstance(out.stats, dict):
+        raise PluginError(f"{who} returned stats that are {shown(out.stats).removeprefix('the ')}; stats is "
+                          "{name: real number}, logged in metrics.jsonl.")
+    bad = [(k, v) for k, v in out.stats.items() if not isinstance(k, str) or isinstance(v, bool)
+           or not isinstance(v, numbers.Real)]
     if bad:
-        raise PluginError(f"{who} returned stats {shown(out.stats)} whose entry {bad[0]!r} is not a name with a "
-                          "real number; stats is {name: number}, logged in metrics.jsonl.")
+        raise PluginError(f"{who} returned stats whose entry {bad[0][0]!r} is {shown(bad[0][1])}; stats is "
+                          "{name: real number}, logged in metrics.jsonl.")
     if not is_builtin(spec.fn) and _finite(x):
         for field_name in ("advantages", "returns"):
             value = getattr(out, field_name)
             if value is not None and not bool(torch.isfinite(value).all()):
                 row, col = (int(i) for i in (~torch.isfinite(value)).nonzero()[0])
-                raise PluginError(f"{who} returned {field_name} holding {float(value[row, col])} at row {row}, "
+                raise PluginError(f"{who} returned {field_name} holding {value[row, col].detach().item()} at row {row}, "
                                   f"token {col}, from finite rewards and values; {field_name} must be finite.")
     return out
 
