@@ -8,7 +8,8 @@
                    float32's finite range, done a bool, tool_calls and tool_errors whole numbers with
                    0 ≤ tool_errors ≤ tool_calls
     a tool's result (ToolEnv)  a str as it is; None, a bool, a finite number, or a list/tuple/dict of them
-                   (dict keys str) written as JSON; anything else (a set, bytes, NaN, an object) refused
+                   written as JSON (what `json.dumps(result, allow_nan=False)` writes); anything else (a set,
+                   bytes, NaN, an object) refused
 
 A value outside its contract is a `PluginError`: one sentence naming the environment (its `rollout.env`
 name), what it returned, for which episode and turn, and what was expected. Found before the first
