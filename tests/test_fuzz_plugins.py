@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
