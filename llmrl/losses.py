@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from .errors import ConfigError
+from .errors import ConfigError, PluginError, is_builtin, plugin_name, shown
 from .ops import masked_mean, masked_sum
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -205,6 +205,34 @@ def resolve_policy_loss(name: str, module: str | None, dual_clip: float | None) 
     if dual_clip is not None and not spec.dual_clip:
         raise ConfigError(f"update.dual_clip does not apply to the '{name}' policy loss; unset it (null).")
     return spec
+
+
+def check_policy_loss(spec: PolicyLossSpec, out: object, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
+                      mask: Tensor) -> PolicyLoss:
+    """What a registered policy loss returned, checked where it arrives: a PolicyLoss whose loss is a
+    floating 0-d tensor (with the log-probs' graph when they have one) and whose clip_frac and approx_kl
+    are one-element tensors; for a plug-in, a finite loss wherever its inputs are finite on the mask.
+    Anything else is a PluginError naming the loss and what it returned."""
+    who = f"Policy loss '{spec.name}' ({plugin_name(spec.fn)})"
+    if not isinstance(out, PolicyLoss):
+        raise PluginError(f"{who} returned {shown(out)}, not a PolicyLoss(loss, clip_frac, approx_kl).")
+    loss = out.loss
+    if not (isinstance(loss, Tensor) and loss.is_floating_point() and loss.ndim == 0):
+        what = f"a {loss.dtype} tensor of shape {tuple(loss.shape)}" if isinstance(loss, Tensor) else shown(loss)
+        raise PluginError(f"{who} returned a loss that is {what}, not a scalar (a floating 0-d tensor).")
+    if torch.is_grad_enabled() and logprobs.requires_grad and not loss.requires_grad:
+        raise PluginError(f"{who} returned a loss without a gradient (detached, or not computed from the log-probs "
+                          "it was given); the update backpropagates through it.")
+    for name in ("clip_frac", "approx_kl"):
+        value = getattr(out, name)
+        if not (isinstance(value, Tensor) and value.numel() == 1):
+            raise PluginError(f"{who} returned {name} that is {shown(value)}, not a one-element tensor.")
+    if not is_builtin(spec.fn) and not bool(torch.isfinite(loss)):
+        inputs = (logprobs, old_logprobs, advantages)
+        if all(bool(torch.isfinite(torch.where(mask, t, torch.zeros_like(t))).all()) for t in inputs):
+            raise PluginError(f"{who} returned the loss {loss.detach().item()} from finite log-probs and advantages; the loss "
+                              "must be finite.")
+    return out
 
 
 def value_loss(

@@ -122,6 +122,9 @@ PENALTY_TABLE = [
     pytest.param(5, 0.2, 1.0, [3, 4, 5], [0.0, 0.0, -1.0], id="builtin"),
     # buffer 1: the whole range, −|y|/L_max: 2 of 4 → −0.5.
     pytest.param(4, 1.0, 1.0, [0, 2, 4], [0.0, -0.5, -1.0], id="whole-range"),
+    # buffer 5e-324 (the smallest float the setting accepts): L_cache is 0 in float32, the limit is a step,
+    # 0 below L_max and −1 at it (was: (4 − 4)/0 = NaN at |y| = 4, every update skipped; issue 44).
+    pytest.param(4, 5e-324, 1.0, [0, 3, 4], [0.0, 0.0, -1.0], id="buffer-underflows"),
 ]
 
 

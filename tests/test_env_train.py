@@ -88,8 +88,10 @@ def test_an_environment_that_raises_stops_the_run_in_one_sentence(tiny_model_dir
                    "    def step(self, text, calls):\n        raise RuntimeError('the board is gone')\n")
     code, out, err = cli_run(["train", "--model", str(tiny_model_dir), "--steps", "2", "--out", str(tmp_path / "boom"),
                               *CLI_SMALL, "--env", f"{env}:Boom"])
-    assert code == 1, (out, err)
-    assert f"Environment '{env}:Boom' raised RuntimeError: the board is gone (episode 0)." in err
+    # it raises in the evaluation before the first step: found before anything was trained, exit 2 (issue 44)
+    assert code == 2, (out, err)
+    assert f"Environment '{env}:Boom' raised RuntimeError: the board is gone (episode 0). Nothing was trained" in err
+    assert f"start it again with: llmrl train --resume {tmp_path / 'boom'}" in err
     assert "Traceback" not in out + err and len(err.strip().splitlines()) == 1, err
 
 

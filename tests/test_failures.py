@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from llmrl import load_config, read_run, train
 from llmrl.run.checkpoint import list_checkpoints
@@ -69,11 +70,13 @@ def test_non_finite_steps_stop_the_run(tiny_model_dir: Path, tmp_path: Path, mon
 
     real = POLICY_LOSSES["ppo"].fn
 
-    def poisoned(*args, **kwargs):
-        out = real(*args, **kwargs)
-        return type(out)(out.loss * math.inf, out.clip_frac, out.approx_kl)
+    def poisoned(logprobs, *args, **kwargs):
+        out = real(logprobs, *args, **kwargs)
+        # a finite loss whose gradient is NaN: d√u/du = inf at u = 0, times du/dθ = 0 (a loss that is itself
+        # not finite is refused at its source now, naming the loss: test_plugin_outputs.py)
+        return type(out)(out.loss + torch.sqrt(logprobs.sum() * 0.0), out.clip_frac, out.approx_kl)
 
-    # a policy loss whose value is infinite, chosen by name like any other (losses.py registry)
+    # a policy loss whose gradient is not finite, chosen by name like any other (losses.py registry)
     monkeypatch.setitem(POLICY_LOSSES, "poisoned", replace(POLICY_LOSSES["ppo"], name="poisoned", fn=poisoned))
     monkeypatch.setitem(TASKS, "flaky", lambda: _task_with(_breaking_after(10**6, None)))
     config = load_config(overrides={"model.name": str(tiny_model_dir), "task": "flaky", "out": str(tmp_path / "r"), **SMALL},

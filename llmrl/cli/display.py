@@ -197,3 +197,5 @@ class RichReporter:
             table.add_row("peak GPU memory", f"{summary['peak_device_mib']:,.0f} MiB")
         self.console.print(table)
         self.console.print(f"Run folder: [bold]{summary['run_dir']}[/]")
+        if summary.get("no_update"):  # the last line says so: a run that changed nothing never ends silently
+            self.console.print(f"No update was applied: {escape(summary['no_update'])}.", soft_wrap=True)

@@ -13,7 +13,10 @@ Two call formats are parsed (`parse_calls`):
 
 A malformed call (bad JSON, no name, unknown tool, wrong arguments), a tool that raises and a
 tool that outlives `timeout_s` are the model's mistake: the environment answers with one sentence
-saying so (counted in `tool_errors`) and the episode goes on. A timed-out call's thread is left to
+saying so (counted in `tool_errors`) and the episode goes on. A tool's result becomes the message's
+content by one rule (`checks.tool_text`): a str as it is; None, a bool, a finite number, or a list or
+dict of them as JSON; anything else (a set, bytes, NaN, an object) is the tool's own mistake and stops
+the run, naming the tool. A timed-out call's thread is left to
 finish on its own (a Python thread cannot be killed); its result is dropped.
 """
 
@@ -26,7 +29,9 @@ from typing import Any, Callable, Sequence
 
 from transformers.utils import get_json_schema
 
+from ..errors import PluginError, plugin_name
 from .base import EnvStep, Message, ToolCall
+from .checks import tool_text
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 FORMATS = ("hermes", "plain")
@@ -66,12 +71,15 @@ def parse_calls(text: str, fmt: str) -> list[ToolCall]:
 
 def run_with_limit(fn: Callable[..., Any], kwargs: dict[str, Any], timeout_s: float) -> tuple[Any, str | None]:
     """(result, None), or (None, why it failed): `fn(**kwargs)` in a daemon thread, waited on for at
-    most `timeout_s` seconds."""
+    most `timeout_s` seconds. A `PluginError` (a value refused inside `fn`: a tool's result inside an
+    environment's step) is raised again here, in the caller's thread."""
     box: dict[str, Any] = {}
 
     def call() -> None:
         try:
             box["result"] = fn(**kwargs)
+        except PluginError as exc:
+            box["plugin"] = exc
         except Exception as exc:  # the tool's own failure is reported to the model
             box["error"] = f"{type(exc).__name__}: {exc}"
 
@@ -80,6 +88,8 @@ def run_with_limit(fn: Callable[..., Any], kwargs: dict[str, Any], timeout_s: fl
     worker.join(timeout_s)
     if worker.is_alive():
         return None, f"took longer than {timeout_s:g} s"
+    if "plugin" in box:
+        raise box["plugin"]
     if "error" in box:
         return None, f"raised {box['error']}"
     return box.get("result"), None
@@ -138,4 +148,4 @@ class ToolEnv:
         result, error = run_with_limit(fn, kwargs, self.timeout_s)
         if error is not None:
             return fn.__name__, f"Error: {fn.__name__} {error}."
-        return fn.__name__, result if isinstance(result, str) else json.dumps(result)
+        return fn.__name__, tool_text(plugin_name(fn), result)

@@ -42,6 +42,7 @@ class Component:
     label: str
     fn: Callable[..., Sequence[float]]
     weight: float
+    kind: str = "Reward function"  # how errors name it: 'Reward function' or 'Reward model' (step/score.py)
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **columns: Any) -> Sequence[float]:
         return self.fn(prompts, completions, **columns)
@@ -71,7 +72,8 @@ def build_reward(specs: Iterable[Mapping[str, Any] | str], *, columns: set[str],
         label, fn, weight = _resolve_entry(entry, columns, source, device, dtype, batch_size, trust_remote_code)
         taken = {c.label for c in comps}
         unique = label if label not in taken else next(f"{label}_{i}" for i in range(2, 999) if f"{label}_{i}" not in taken)
-        comps.append(Component(unique, fn, weight))
+        kind = "Reward model" if hasattr(fn, "check_logits") else "Reward function"
+        comps.append(Component(unique, fn, weight, kind))
     if not comps:
         raise ConfigError("'reward.functions' is empty; name at least one reward.")
     return WeightedReward(tuple(comps))

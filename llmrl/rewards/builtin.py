@@ -148,3 +148,28 @@ def length_penalty(prompts: Sequence[Any], completions: Sequence[str], target: i
 BUILTINS = {"exact_match": exact_match, "numeric": numeric, "first_number": first_number, "math": math_answer,
             "format": format, "length_penalty": length_penalty}
 COLUMN_READERS = ("exact_match", "numeric", "first_number", "math")  # built-ins that read a dataset column (option `column`)
+NUMBER_READERS = ("numeric", "first_number")  # built-ins that compare with the number the column holds
+
+
+def answer_readers(specs: Any) -> dict[str, str]:
+    """{column: the built-in reward that reads it} for the entries of `reward.functions` that read one."""
+    readers: dict[str, str] = {}
+    for spec in specs or ():
+        entry = {"name": spec} if isinstance(spec, str) else dict(spec) if isinstance(spec, dict) else {}
+        if entry.get("name") in COLUMN_READERS:
+            readers.setdefault(str(entry.get("column", "answer")), entry["name"])
+    return readers
+
+
+def check_answer(value: Any, column: str, reader: str, where: str) -> None:
+    """Refuse (ConfigError, before the run) an answer the built-in `reader` could never match: it reads a
+    string or a finite number (not a bool, None, a list or a dict); `numeric` and `first_number` need a
+    number in it. `where`: 'Row 3 of dataset 'd.jsonl''."""
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (isinstance(value, str) or is_number) or (is_number and not math.isfinite(value)):
+        what = "None" if value is None else repr(value)[:60] if is_number else f"a {type(value).__name__}"
+        raise ConfigError(f"{where}: column '{column}', which reward '{reader}' reads, holds {what}, not a string "
+                          "or a finite number.")
+    if reader in NUMBER_READERS and last_number(value) is None:
+        raise ConfigError(f"{where}: column '{column}' holds {value[:60]!r}, in which reward '{reader}' finds no "
+                          "number, so no completion could ever match it.")

@@ -12,12 +12,13 @@ softmax probability of the last label (e.g. 'positive'). Texts are scored in bat
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Sequence
 
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from ..errors import ConfigError
+from ..errors import ConfigError, PluginError
 
 
 def check_score_head(source: str, model: Any, missing: Any) -> None:
@@ -39,8 +40,10 @@ class RewardModel:
         self.source, self.batch_size, self.device = source, batch_size, device
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-            self.model, info = AutoModelForSequenceClassification.from_pretrained(
-                source, dtype=dtype, trust_remote_code=trust_remote_code, output_loading_info=True)
+            with warnings.catch_warnings():  # a head of 0 labels is refused by its first scores, in one sentence
+                warnings.filterwarnings("ignore", message="Initializing zero-element tensors is a no-op")
+                self.model, info = AutoModelForSequenceClassification.from_pretrained(
+                    source, dtype=dtype, trust_remote_code=trust_remote_code, output_loading_info=True)
         except (OSError, ValueError, KeyError) as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise ConfigError(f"Cannot load reward model '{source}' as a sequence classifier: {first}") from None
@@ -69,7 +72,21 @@ class RewardModel:
         for start in range(0, len(texts), self.batch_size):
             enc = self.tokenizer(texts[start:start + self.batch_size], return_tensors="pt", padding=True,
                                  truncation=self.max_length is not None, max_length=self.max_length)
-            logits = self.model(**enc.to(self.device)).logits.float()
+            logits = self.check_logits(self.model(**enc.to(self.device)).logits, len(enc["input_ids"]), start).float()
             scores = logits[:, 0] if logits.shape[-1] == 1 else logits.softmax(-1)[:, -1]
             out += scores.tolist()
         return out
+
+    def check_logits(self, logits: Any, n: int, first: int = 0) -> torch.Tensor:
+        """The classifier's logits for n texts (the batch from completion `first`): a floating tensor of
+        shape (n, L), L ≥ 1 labels; anything else a PluginError naming the model (its NaN or infinite
+        scores are refused with the other rewards' in step/score.py)."""
+        ok = (isinstance(logits, torch.Tensor) and logits.is_floating_point() and logits.ndim == 2
+              and logits.shape[0] == n and logits.shape[1] >= 1)
+        if not ok:
+            what = (f"logits of shape {tuple(logits.shape)} ({logits.dtype})" if isinstance(logits, torch.Tensor)
+                    else f"logits that are a {type(logits).__name__}")
+            which = f"completion {first}" if n == 1 else f"completions {first}–{first + n - 1}"
+            raise PluginError(f"Reward model '{self.source}' returned {what} for {which}, not a floating (batch, labels) "
+                              f"tensor of shape ({n}, L) with L ≥ 1 labels.")
+        return logits

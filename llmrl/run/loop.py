@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..config import Config
-from ..errors import LLMRLError, RunFailed
+from ..errors import LLMRLError, PluginError, RunFailed
 from ..parallel.distributed import DistContext, distributed
 from .evaluate import EvalResult
 from .folder import Run, folder_locks, read_run
@@ -29,7 +29,7 @@ from .checkpoint import list_checkpoints, newest_step
 from .crash import LOG, unexpected, write_log
 from .signals import graceful_stop
 from .state import Progress, checkpoint, crashed, fail, restore, weights_version
-from .summary import draw_curves, eval_scalars, summarize
+from .summary import LEGITIMATE, draw_curves, eval_scalars, optimizer_steps, summarize
 from .trackers import Trackers, check_available, open_trackers
 
 
@@ -90,6 +90,8 @@ def _train(config: Config, reporter: Reporter, overwrite: bool, resume: bool, di
                 _one_step(s, step, reporter, trackers, stop, progress, before, wall)
         except RunFailed as exc:
             reporter.stopped()
+            if isinstance(exc, PluginError):  # checked before the step's update; one inside it (a policy loss) may
+                exc.consistent = exc.consistent and weights_version(s) == progress.version  # follow a pass's step
             fail(s, exc, progress, before, wall)
         except KeyboardInterrupt:
             reporter.stopped()
@@ -107,12 +109,17 @@ def _train(config: Config, reporter: Reporter, overwrite: bool, resume: bool, di
 
 @contextmanager
 def _nothing_trained_yet(s: Session) -> Iterator[None]:
-    """A new run's start-up table and first evaluation: Ctrl-C there says how to start it again."""
+    """A new run's start-up table and first evaluation: Ctrl-C there says how to start it again; a
+    plug-in's bad output there (a reward, an environment in the evaluation's episodes) is found before
+    the first step: exit 2."""
     try:
         yield
     except KeyboardInterrupt:
         raise LLMRLError(f"Interrupted before the first step; nothing was trained. Start it again with: "
                          f"llmrl train --resume {s.folder.path}", exit_code=130) from None
+    except PluginError as exc:
+        raise PluginError(f"{exc} Nothing was trained (this was the evaluation before the first step); fix the cause "
+                          f"and start it again with: llmrl train --resume {s.folder.path}", exit_code=2) from None
 
 
 def _one_step(s: Session, step: int, reporter: Reporter, trackers: Trackers, stop: Any, progress: Progress,
@@ -166,12 +173,15 @@ def _finish(s: Session, reporter: Reporter, trackers: Trackers, progress: Progre
         return Run(s.folder.path, {}, [], None)
     s.folder.save_models(s.stack)
     history = read_run(s.folder.path).metrics
-    summary = summarize(config, history, before, after, wall(), s.folder.path)
+    summary = summarize(config, history, before, after, wall(), s.folder.path, optimizer_steps(s.opts["actor"]))
     s.folder.write_summary(summary)
     draw_curves(s.folder.path)
     trackers.close()
     reporter.end(summary)
     s.dist.barrier()
+    if summary["no_update"] is not None and not summary["no_update"].startswith(LEGITIMATE):
+        raise RunFailed(f"No update was applied in the run's {summary['steps']} steps: {summary['no_update']}; the "
+                        f"adapters saved in {s.folder.path} are the initial ones.")
     return read_run(s.folder.path)
 
 

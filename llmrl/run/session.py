@@ -17,6 +17,7 @@ from ..config import Config
 from ..config.on_policy import on_policy_update, on_policy_values
 from ..engines import GenerationEngine, build_engine, check_engine
 from ..envs import ENVS, EnvSpec, call_format, offered_tools, prompt_ids, resolve_env, run_with_limit
+from ..envs.checks import preflight
 from ..errors import ConfigError
 from ..estimators import EstimatorSpec, get_estimator, import_user_module
 from ..kl_control import KLController
@@ -81,14 +82,17 @@ def resolve_estimator(config: Config) -> EstimatorSpec:
 
 def episode_env(config: Config, task: Task, dist: DistContext = SINGLE) -> EnvSpec | None:
     """The environment of the run's episodes: `rollout.env`, else the task's own, else None (one turn);
-    what the first slice of episodes does not serve yet is refused here (docs/environments.md)."""
+    what the first slice of episodes does not serve yet is refused here (docs/environments.md). One
+    environment is built and its tools() checked here, before the run folder exists (envs/checks.py: exit 2)."""
     name = config.rollout.env or task.env
     if name is None:
         return None
     if dist.world_size > 1:
         raise ConfigError(f"Episodes (environment '{name}') do not run with several processes yet; "
                           "docs/environments.md lists what is built.")
-    return resolve_env(name, timeout_s=config.rollout.tool_timeout_s) if name in ENVS else resolve_env(name)
+    spec = resolve_env(name, timeout_s=config.rollout.tool_timeout_s) if name in ENVS else resolve_env(name)
+    preflight(spec)
+    return spec
 
 
 def plan_for(config: Config, spec: EstimatorSpec, stack: PolicyStack, own_weights: bool = False) -> StepPlan:

@@ -12,10 +12,44 @@ from .folder import read_run
 from .memory import peak_device_mib, peak_rss_mib
 
 
+LEGITIMATE = "dynamic sampling"
+"""How `no_update` begins when the run applied no update for a legitimate reason (exit 0): every step's
+groups were dropped by rollout.filter_groups. Any other reason is a failed run (exit 1, run/loop.py)."""
+
+
+def optimizer_steps(opt: Any) -> int:
+    """How many steps `opt` (an AdamW) has taken over the whole run, resumes included: its per-parameter
+    `step` count, which a checkpoint saves and restores; 0 when it never stepped (no state yet)."""
+    steps = [int(st["step"]) for st in opt.state.values() if "step" in st]
+    return max(steps, default=0)
+
+
+def no_update_reason(history: list[dict[str, Any]], updates: int) -> str | None:
+    """None when the actor was updated at least once; else why not, from the metrics rows: every step's
+    groups dropped by dynamic sampling (legitimate: LEGITIMATE), or every pass skipped for a non-finite
+    loss or gradient, or both."""
+    if updates > 0:
+        return None
+    dropped = sum(1 for r in history if r.get("groups_kept") == 0)
+    skipped = sum(1 for r in history if r.get("groups_kept") != 0 and r.get("skipped_updates"))
+    if history and dropped == len(history):
+        return (f"{LEGITIMATE} (rollout.filter_groups) dropped every group of all {dropped} steps, each prompt's "
+                "samples having the same reward, so no step had anything to learn from")
+    if history and skipped == len(history):
+        return (f"every actor update pass of all {skipped} steps had a non-finite loss or gradient and was skipped "
+                "(skipped_updates in metrics.jsonl)")
+    if history and dropped + skipped == len(history):
+        return (f"every actor update pass of {skipped} steps had a non-finite loss or gradient (skipped_updates in "
+                f"metrics.jsonl) and dynamic sampling dropped every group of the other {dropped}")
+    return "the actor's optimizer never took a step"
+
+
 def summarize(config: Config, history: list[dict[str, Any]], before: EvalResult | None,
-              after: EvalResult | None, wall: float, path: Path) -> dict[str, Any]:
+              after: EvalResult | None, wall: float, path: Path, updates: int | None = None) -> dict[str, Any]:
     """summary.json: the run's headline numbers. `*_last` average the last 10 % of steps (≥ 1);
-    `eval_<metric>_before/after` are the evaluations' `metrics` (EvalResult)."""
+    `eval_<metric>_before/after` are the evaluations' `metrics` (EvalResult). `updates`: the actor's
+    optimizer steps over the run (`optimizer_steps`), `updates_applied`; `no_update` says why there
+    were none (`no_update_reason`), null when there were."""
     tail = history[-max(1, len(history) // 10):]
     names = sorted({*(before.metrics if before else {}), *(after.metrics if after else {})})
     metrics = {f"eval_{k}_{when}": (r.metrics.get(k) if r else None)
@@ -42,6 +76,8 @@ def summarize(config: Config, history: list[dict[str, Any]], before: EvalResult 
         "peak_rss_mib": peak_rss_mib(),
         "peak_device_mib": peak_device_mib(config.model.device),
         "run_dir": str(path),
+        "updates_applied": updates,
+        "no_update": None if updates is None else no_update_reason(history, updates),
     }
 
 

@@ -35,17 +35,17 @@ from transformers import PreTrainedTokenizerBase
 from ..config.schema import RolloutConfig
 from ..engines.base import GenerationEngine, SamplingSettings, row_keys
 from ..engines.turns import left_pad, open_turns
-from ..envs import EnvSpec, EnvStep, call_format, env_turn_ids, offered_tools, parse_calls, prompt_ids, run_with_limit
-from ..errors import RunFailed
+from ..envs import EnvSpec, EnvStep, call_format, env_turn_ids, parse_calls, prompt_ids, run_with_limit
+from ..envs.checks import build, call_tools, check_opening, check_step, check_tools
+from ..errors import PluginError
 from .records import EpisodeLog, Samples
 
 _TURN_MIX = 1_000_000_007
 
 
-class EnvFailed(RunFailed):
-    """The environment misbehaved (raised, returned the wrong type) before any update of the step."""
-
-    consistent = True
+class EnvFailed(PluginError):
+    """The environment misbehaved (raised, hung, returned what its contract does not allow: envs/checks.py)
+    before any update of the step."""
 
 
 def turn_keys(keys: Tensor, turn: int) -> Tensor:
@@ -68,23 +68,32 @@ def right_pad(rows: Sequence[list[Any]], fill: Any, dtype: torch.dtype) -> Tenso
     return torch.tensor([r + [fill] * (width - len(r)) for r in rows], dtype=dtype)
 
 
-def _call(spec: EnvSpec, what: str, fn: Any, episode: int, timeout_s: float) -> Any:
-    """`fn()` (the environment's reset or step) under `timeout_s`; whatever it does wrong (raises, hangs)
-    stops the run in one sentence naming the environment and the episode."""
-    out, error = run_with_limit(fn, {}, timeout_s)
+def _call(spec: EnvSpec, what: str, fn: Any, episode: int, timeout_s: float, turn: int = 0) -> Any:
+    """`fn()` (the environment's reset or step) under `timeout_s`; whatever it does wrong (raises, hangs,
+    a tool's result refused inside it) stops the run in one sentence naming the environment and the episode."""
+    try:
+        out, error = run_with_limit(fn, {}, timeout_s)
+    except PluginError as exc:  # a tool's result (envs/checks.tool_text), raised inside the environment's step
+        raise EnvFailed(f"{str(exc).rstrip('.')} (environment '{spec.name}', episode {episode}, turn {turn}).") from None
     if error is not None:  # the user's environment: report it, never a traceback
         where = " in reset" if what == "reset" else ""
         raise EnvFailed(f"Environment '{spec.name}' {error}{where} (episode {episode}).")
     return out
 
 
-def _checked_step(spec: EnvSpec, env: Any, episode: int, text: str, calls: list, timeout_s: float) -> EnvStep:
-    """env.step under the time limit, its answer checked."""
-    out = _call(spec, "step", lambda: env.step(text, calls), episode, timeout_s)
-    if not isinstance(out, EnvStep):
-        raise EnvFailed(f"Environment '{spec.name}' returned a {type(out).__name__} from step, not an EnvStep "
-                        f"(episode {episode}).")
-    return out
+def _checked_step(spec: EnvSpec, env: Any, episode: int, turn: int, text: str, calls: list,
+                  timeout_s: float) -> EnvStep:
+    """env.step under the time limit, its answer checked (envs/checks.check_step)."""
+    out = _call(spec, "step", lambda: env.step(text, calls), episode, timeout_s, turn)
+    return _named(lambda: check_step(spec.name, out, episode, turn))
+
+
+def _named(check: Any) -> Any:
+    """`check()`, its PluginError raised as an EnvFailed (the same sentence)."""
+    try:
+        return check()
+    except PluginError as exc:
+        raise EnvFailed(str(exc)) from None
 
 
 @dataclass
@@ -145,10 +154,11 @@ def _start(spec: EnvSpec, tokenizer: PreTrainedTokenizerBase, rows: Sequence[dic
     when the environment sets `seed_per_episode`), its opening rendered with the tools it offers."""
     episodes, tools = [], None
     for i in range(len(keys)):
-        env = spec.make()
+        env = _named(lambda: build(spec, i))
         seed = int(keys[i] if getattr(env, "seed_per_episode", False) else games[i])
         opening = _call(spec, "reset", lambda: env.reset(rows[i // g], seed), i, cfg.env_timeout_s)
-        tools = offered_tools(env)
+        opening = _named(lambda: check_opening(spec.name, opening, i))
+        tools = _named(lambda: check_tools(spec.name, call_tools(spec.name, env), episode=i))
         prompt = prompt_ids(tokenizer, opening, tools, fmt)
         episodes.append(Episode(env, prompt, _cap(cfg, prompt, context)))
     return episodes, tools
@@ -162,7 +172,7 @@ def _answer(spec: EnvSpec, tokenizer: PreTrainedTokenizerBase, ep: Episode, i: i
     # a turn cut before its stop token is unfinished: it calls nothing (a call cut mid-way is no tool error)
     calls = parse_calls(tokenizer.decode(sampled[:-1], skip_special_tokens=False), fmt) if stopped else []
     started = time.perf_counter()
-    out = _checked_step(spec, ep.env, i, ep.last_text, calls, cfg.env_timeout_s)
+    out = _checked_step(spec, ep.env, i, ep.turns, ep.last_text, calls, cfg.env_timeout_s)
     seconds = time.perf_counter() - started
     ep.env_reward += float(out.reward)
     ep.rewards.append((len(ep.ids) - 1, float(out.reward)))

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ..config.schema import EstimatorConfig, KLConfig
-from ..estimators import EstimatorInput, EstimatorSpec
+from ..estimators import EstimatorInput, EstimatorSpec, checked_estimate
 from ..estimators.episodes import over_model_tokens
 from ..losses import kl_penalty
 from ..ops import last_token_index, masked_sum
@@ -56,8 +56,11 @@ def estimate(spec: EstimatorSpec, samples: Samples, scores: Scores, forwards: Fo
     """Run the estimator on the step; whiten the advantages over the batch when asked (over the
     global batch of every rank in a data-parallel run: estimators themselves are per row or per
     group, and a group never spans ranks). An episode's row (`samples.context_mask`) is estimated
-    over the model's tokens only, the environment's spans skipped (estimators/episodes.py)."""
-    run = spec.fn if samples.context_mask is None else lambda x: over_model_tokens(spec.fn, x)
+    over the model's tokens only, the environment's spans skipped (estimators/episodes.py). What the
+    estimator returns is checked where it arrives (`estimators.checked_estimate`: a plug-in's bad output
+    stops the run naming it)."""
+    fn = lambda x: checked_estimate(spec, x)  # noqa: E731
+    run = fn if samples.context_mask is None else lambda x: over_model_tokens(fn, x)
     out = run(
         EstimatorInput(
             token_rewards=token_rewards,

@@ -62,7 +62,10 @@ def overlong_penalty(lengths: Tensor, max_new_tokens: int, buffer: float, penalt
     (L_cache = 2), penalty 1: |y| = 8 → 0, 9 → −0.5, 10 → −1.
     """
     cache = buffer * max_new_tokens
-    return -penalty * ((lengths - (max_new_tokens - cache)) / cache).clamp(0.0, 1.0)
+    ratio = ((lengths - (max_new_tokens - cache)) / cache).clamp(0.0, 1.0)
+    # at L_max the ratio is 1 (clamped): said outright, since a buffer so small that L_cache is 0 in the lengths'
+    # dtype gives 0/0 = NaN there (the limit L_cache → 0 is a step to −penalty at L_max), a NaN reward
+    return -penalty * torch.where(lengths >= max_new_tokens, torch.ones_like(ratio), ratio)
 
 
 def sequence_rewards(samples: Samples, scores: Tensor, config: Config, stop_ids: int | Sequence[int] = ()) -> Tensor:

@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from ..errors import RunFailed
+from ..errors import PluginError
 from .records import Samples, Scores
 
 
@@ -17,10 +17,8 @@ def _name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or repr(fn)
 
 
-class RewardFailed(RunFailed):
-    """The reward function misbehaved before any update of the step: the state is consistent."""
-
-    consistent = True
+class RewardFailed(PluginError):
+    """The reward function (or model) misbehaved before any update of the step: the state is consistent."""
 
 
 def score(samples: Samples, reward_fn: Callable[..., Sequence[float]], device: torch.device) -> Scores:
@@ -54,7 +52,8 @@ def score_parts(reward_fn: Callable[..., Sequence[float]], rows: Sequence[dict[s
     components = getattr(reward_fn, "components", None)
     if components is None:
         return _checked(_name(reward_fn), reward_fn, prompts, completions, columns), {}
-    parts = {c.label: _checked(c.label, c, prompts, completions, columns) for c in components}
+    parts = {c.label: _checked(c.label, c, prompts, completions, columns, getattr(c, "kind", "Reward function"))
+             for c in components}
     total = torch.zeros(len(completions), dtype=torch.float32)
     for c in components:
         total = total + c.weight * parts[c.label]
@@ -70,41 +69,50 @@ F32_MAX = torch.finfo(torch.float32).max  # ≈ 3.4028e38: rewards are float32 t
 
 
 def _checked(name: str, fn: Callable[..., Sequence[float]], prompts: list[Any], completions: Sequence[str],
-             columns: dict[str, list[Any]]) -> Tensor:
+             columns: dict[str, list[Any]], kind: str = "Reward function") -> Tensor:
     """(N,) float32: one real number per completion, each finite in float32, or a RewardFailed
-    naming the function and saying what it did (raised, called sys.exit, returned something else)."""
+    naming the function (`kind`: 'Reward function' or 'Reward model') and saying what it did (raised,
+    called sys.exit, returned something else)."""
     try:
         returned = fn(prompts, list(completions), **columns)
+    except PluginError as exc:  # a reward model's own check (rewards/model.check_logits)
+        raise RewardFailed(str(exc)) from None
     except (Exception, SystemExit) as exc:  # a user's function: report it, never a traceback or its exit
         how = f"called sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else f"raised {type(exc).__name__}: {exc}"
-        raise RewardFailed(f"Reward function '{name}' {how}.") from exc
-    values = _as_list(name, returned)
-    if len(values) != len(completions):
-        raise RewardFailed(f"Reward function '{name}' returned {len(values)} values for {len(completions)} completions.")
+        raise RewardFailed(f"{kind} '{name}' {how}.") from exc
+    return checked_rewards(name, returned, len(completions), kind)
+
+
+def checked_rewards(name: str, returned: Any, n: int, kind: str = "Reward function") -> Tensor:
+    """(n,) float32 of what a reward returned for n completions, or a RewardFailed saying what is wrong:
+    one real number (not a bool) per completion, each finite within float32's range."""
+    values = _as_list(name, returned, kind)
+    if len(values) != n:
+        raise RewardFailed(f"{kind} '{name}' returned {len(values)} values for {n} completions.")
     floats = []
     for i, v in enumerate(values):
         x = _number(v)
         if x is None:
-            raise RewardFailed(f"Reward function '{name}' returned {_what(v)} for completion {i}, not a number.")
+            raise RewardFailed(f"{kind} '{name}' returned {_what(v)} for completion {i}, not a number.")
         if not math.isfinite(x):
-            raise RewardFailed(f"Reward function '{name}' returned NaN or infinity ({x} for completion {i}).")
+            raise RewardFailed(f"{kind} '{name}' returned NaN or infinity ({x} for completion {i}).")
         if abs(x) > F32_MAX:
-            raise RewardFailed(f"Reward function '{name}' returned {x:g} for completion {i}, beyond the float32 "
+            raise RewardFailed(f"{kind} '{name}' returned {x:g} for completion {i}, beyond the float32 "
                                f"range (|r| ≤ {F32_MAX:.4g}) rewards are trained in; scale it down.")
         floats.append(x)
     return torch.tensor(floats, dtype=torch.float32)
 
 
-def _as_list(name: str, returned: Any) -> list[Any]:
+def _as_list(name: str, returned: Any, kind: str = "Reward function") -> list[Any]:
     """A list, tuple (any non-text Sequence) or 1-D tensor/array as a list; anything else refused."""
     if hasattr(returned, "tolist") and hasattr(returned, "ndim"):  # torch.Tensor, numpy.ndarray
         if returned.ndim != 1:
-            raise RewardFailed(f"Reward function '{name}' returned an array of shape {tuple(returned.shape)}, "
+            raise RewardFailed(f"{kind} '{name}' returned an array of shape {tuple(returned.shape)}, "
                                "not one number per completion.")
         return list(returned.tolist())
     if isinstance(returned, Sequence) and not isinstance(returned, (str, bytes)):
         return list(returned)
-    raise RewardFailed(f"Reward function '{name}' returned {_what(returned)}, not a list of numbers.")
+    raise RewardFailed(f"{kind} '{name}' returned {_what(returned)}, not a list of numbers.")
 
 
 def _number(v: Any) -> float | None:

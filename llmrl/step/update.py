@@ -29,7 +29,7 @@ from torch import Tensor
 
 from ..config.schema import KLConfig, UpdateConfig
 from ..corrections import get_correction
-from ..losses import aggregate, get_policy_loss, kl_penalty, value_loss
+from ..losses import aggregate, check_policy_loss, get_policy_loss, kl_penalty, value_loss
 from ..models.stack import PolicyStack, at_least_float32
 from ..parallel.distributed import SINGLE, DistContext
 from .forward import sequences
@@ -123,8 +123,9 @@ def _actor_loss(stack: PolicyStack, mb: TrainRows, adv: Tensor, cfg: UpdateConfi
         if w.kept is not None:  # config.on_policy.exactly_on_policy turns the shortcut off for these
             raise ValueError(f"update.is_correction={cfg.is_correction} drops tokens, which needs log π_old before the update")
         adv = adv * w.weights.to(adv.dtype)
-    pl = get_policy_loss(cfg.policy_loss).fn(lp, old, adv, mask, cfg.clip_eps, cfg.clip_eps_high, cfg.dual_clip,
-                                             cfg.loss_agg, **totals)
+    spec = get_policy_loss(cfg.policy_loss)
+    pl = check_policy_loss(spec, spec.fn(lp, old, adv, mask, cfg.clip_eps, cfg.clip_eps_high, cfg.dual_clip,
+                                         cfg.loss_agg, **totals), lp, old, adv, mask)
     loss = pl.loss
     ent = aggregate(entropy, mask, cfg.loss_agg, **totals)
     loss = loss - cfg.ent_coef * ent

@@ -198,9 +198,10 @@ def mix_tasks(tasks: list[Task], counts: list[int]) -> Task:
 def task_from_config(config: "Config") -> Task:
     """The run's task: dataset rows or a built-in task, with the configured rewards when given."""
     if config.data.dataset:
+        from ..rewards.builtin import answer_readers
         from .dataset import dataset_splits
 
-        train, held_out = dataset_splits(config.data)
+        train, held_out = dataset_splits(config.data, answer_readers(config.reward.functions))
         task = Task(Path(config.data.dataset).stem or config.data.dataset, train, held_out, _no_reward)
         source = config.data.dataset
     else:

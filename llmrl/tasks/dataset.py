@@ -23,6 +23,7 @@ from typing import Any
 
 from ..config.schema import DataConfig
 from ..errors import ConfigError
+from ..rewards.builtin import check_answer
 
 FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 TAKEN = ("prompt", "prompts", "completion", "completions", "reward", "step")  # see the module docstring
@@ -35,8 +36,10 @@ def is_local(name: str) -> bool:
     return p.exists() or p.suffix.lower() in FORMATS or name.startswith((".", "/", "~"))
 
 
-def load_rows(name: str, cfg: DataConfig, split: str | None = None) -> Rows:
-    """Every row of dataset `name`, validated, with the prompt under the key 'prompt'."""
+def load_rows(name: str, cfg: DataConfig, split: str | None = None, answers: dict[str, str] | None = None) -> Rows:
+    """Every row of dataset `name`, validated, with the prompt under the key 'prompt'. `answers`
+    {column: built-in reward}: the columns a built-in reward reads, each row's value checked
+    (`rewards.builtin.check_answer`)."""
     table = _load_local(name) if is_local(name) else _load_hub(name, split or cfg.split)
     if cfg.max_rows is not None:
         table = table.select(range(min(cfg.max_rows, len(table))))
@@ -50,7 +53,11 @@ def load_rows(name: str, cfg: DataConfig, split: str | None = None) -> Rows:
     rows = []
     for i, raw in enumerate(table):
         check_prompt(raw[cfg.prompt_column], name, i + 1)
-        rows.append({"prompt": raw[cfg.prompt_column], **{keys[k]: v for k, v in raw.items() if k in keys}})
+        row = {"prompt": raw[cfg.prompt_column], **{keys[k]: v for k, v in raw.items() if k in keys}}
+        for column, reader in (answers or {}).items():
+            if column in row:  # a missing column is named by the reward itself (rewards/__init__.py)
+                check_answer(row[column], column, reader, f"Row {i + 1} of dataset '{name}'")
+        rows.append(row)
     return rows
 
 
@@ -96,12 +103,13 @@ def split_rows(rows: Rows, fraction: float, seed: int, name: str) -> tuple[Rows,
     return [r for i, r in enumerate(rows) if i not in held], [rows[i] for i in order[:n_eval]]
 
 
-def dataset_splits(cfg: DataConfig) -> tuple[Rows, Rows]:
-    """(train, eval) rows of `cfg.dataset` (and `cfg.eval_dataset` when given)."""
+def dataset_splits(cfg: DataConfig, answers: dict[str, str] | None = None) -> tuple[Rows, Rows]:
+    """(train, eval) rows of `cfg.dataset` (and `cfg.eval_dataset` when given); `answers` as in `load_rows`."""
     assert cfg.dataset is not None
-    rows = load_rows(cfg.dataset, cfg)
+    rows = load_rows(cfg.dataset, cfg, answers=answers)
     if cfg.eval_dataset:
-        return rows, load_rows(cfg.eval_dataset, cfg, split=cfg.split if not is_local(cfg.eval_dataset) else None)
+        return rows, load_rows(cfg.eval_dataset, cfg, split=cfg.split if not is_local(cfg.eval_dataset) else None,
+                               answers=answers)
     return split_rows(rows, cfg.eval_fraction, cfg.split_seed, cfg.dataset)
 
 
