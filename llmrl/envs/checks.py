@@ -89,15 +89,17 @@ def check_tools(name: str, tools: Any, before: bool = False, episode: int | None
     return list(tools)
 
 
-def check_opening(name: str, messages: Any, episode: int) -> list[Message]:
-    """What reset returned: a non-empty list of {role: str, content: str} messages."""
+def check_opening(name: str, messages: Any, episode: int, before: bool = False) -> list[Message]:
+    """What reset returned: a non-empty list of {role: str, content: str} messages (exit 2 when `before`:
+    the run's setup sizes every prompt from its opening, `run/session.py`)."""
     bad, item = _bad_messages(messages, allow_empty=False)
+    code = 2 if before else None
     if item is not None:
         raise PluginError(f"Environment '{name}' returned from reset (episode {episode}) a list whose item {item} is "
-                          f"{bad}, not {MESSAGE}.")
+                          f"{bad}, not {MESSAGE}.", exit_code=code)
     if bad is not None:
         raise PluginError(f"Environment '{name}' returned {bad} from reset (episode {episode}), not a non-empty list "
-                          f"of {{role: str, content: str}} messages.")
+                          f"of {{role: str, content: str}} messages.", exit_code=code)
     return list(messages)
 
 

@@ -16,8 +16,8 @@ from ..algos import preset_for
 from ..config import Config
 from ..config.on_policy import on_policy_update, on_policy_values
 from ..engines import GenerationEngine, build_engine, check_engine
-from ..envs import ENVS, EnvSpec, call_format, offered_tools, prompt_ids, resolve_env, run_with_limit
-from ..envs.checks import preflight
+from ..envs import ENVS, EnvSpec, call_format, prompt_ids, resolve_env, run_with_limit
+from ..envs.checks import build, call_tools, check_opening, check_tools, preflight
 from ..errors import ConfigError
 from ..estimators import EstimatorSpec, get_estimator, import_user_module
 from ..kl_control import KLController
@@ -195,11 +195,13 @@ def prompt_lengths(rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBas
     fmt = call_format(tokenizer, rollout.tool_format)
     out = []
     for i, row in enumerate(rows):
-        game = env.make()
+        game = build(env)
         opening, error = run_with_limit(lambda: game.reset(row, 0), {}, rollout.env_timeout_s)  # noqa: B023
         if error is not None:  # the user's environment: one sentence, never a traceback
             raise ConfigError(f"Environment '{env.name}' {error} in reset (row {i} of the {split} split).")
-        out.append(len(prompt_ids(tokenizer, opening, offered_tools(game), fmt)))
+        opening = check_opening(env.name, opening, i, before=True)
+        tools = check_tools(env.name, call_tools(env.name, game), before=True, episode=i)
+        out.append(len(prompt_ids(tokenizer, opening, tools, fmt)))
     return out
 
 
