@@ -36,7 +36,7 @@ def compare(
     out: Path = typer.Option(..., "--out", "-o", help="Compare folder: one run folder per (algo, seed), summary.json, report.md, plots."),
     seeds: str = typer.Option("0", "--seeds", "-s", help="Comma-separated seeds, e.g. 0,1,2; every algorithm runs every seed."),
     steps: Optional[int] = typer.Option(None, "--steps", "-n", help="Training steps of every run."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model of every run: 'tiny', 'tiny-tools' or 'tiny-guess' (built-in), a hub id, a local folder or a .gguf file."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model of every run: 'tiny', 'tiny-tools' or 'tiny-guess' (built-in), a name from `llmrl models`, a hub id, a local folder or a .gguf file."),
     task: Optional[str] = typer.Option(None, "--task", "-t", help="Task of every run: arithmetic (default), chat_sum, calc, chat_calc, guess, guess_signs, ta:ENV_ID (a TextArena game), rg:NAME (reasoning-gym; `llmrl tasks`) or A,B,… (a mixture)."),
     recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help="YAML recipe applied to every run (its 'algo' is replaced)."),
     sets: Optional[list[str]] = typer.Option(None, "--set", help="key=value applied to every run (repeatable; `llmrl config` lists keys)."),

@@ -38,7 +38,7 @@ def train(
     ctx: typer.Context,
     algo: Optional[str] = typer.Option(None, "--algo", "-a", help=f"Algorithm preset: {', '.join(ALGOS)} (see `llmrl algos`). Default: ppo."),
     recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help="YAML recipe file (see recipes/)."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="'tiny', 'tiny-tools' or 'tiny-guess' (built-in), a Hugging Face hub id, a local folder or a .gguf file."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="'tiny', 'tiny-tools' or 'tiny-guess' (built-in), a name from `llmrl models` (after `llmrl models get NAME`), a Hugging Face hub id, a local folder or a .gguf file."),
     task: Optional[str] = typer.Option(None, "--task", "-t", help="Task: arithmetic (default), chat_sum, calc, chat_calc, guess, guess_signs (played in episodes), ta:ENV_ID (a TextArena game), rg:NAME[?key=value&…] (reasoning-gym; `llmrl tasks`), A,B,… (a mixture) or mix (mix.tasks)."),
     env: Optional[str] = typer.Option(None, "--env", help="Environment the episodes run in: calculator (built-in) or module:Class / file.py:Class (docs/environments.md). Default: the task's own (--task calc: calculator). Key rollout.env."),
     dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="Prompts from a .jsonl/.csv/.parquet file or a `datasets` hub name (a 'prompt' column; other columns reach the reward). Used instead of --task."),

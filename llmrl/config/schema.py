@@ -33,7 +33,7 @@ def auto_switch(help: str) -> Any:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str = opt("tiny", "'tiny', 'tiny-tools' or 'tiny-guess' (built-in), a Hugging Face hub id, a local model folder or a .gguf file")
+    name: str = opt("tiny", "'tiny', 'tiny-tools' or 'tiny-guess' (built-in), a name from `llmrl models` (once `llmrl models get NAME` obtained it), a Hugging Face hub id, a local model folder or a .gguf file")
     dtype: str = opt("auto", "weights dtype; 'auto': the fastest on this hardware (bfloat16 on a GPU with it or a CPU "
                      "with AMX; on a CPU with avx512_bf16 alone, what a cached microbenchmark of the model's products "
                      "says; else float32; llmrl/config/precision.py)", choices=("auto", "float32", "bfloat16", "float16"))
