@@ -235,4 +235,6 @@ def test_smollm2_recipe_is_a_valid_recipe() -> None:
     recipe = Path(__file__).resolve().parents[1] / "recipes" / "smollm2-135m-grpo.yaml"
     cfg = load_config(recipe)
     assert (cfg.algo, cfg.task, cfg.data.chat_template) == ("grpo", "chat_sum", "auto")
-    assert cfg.model.name.endswith(".gguf") and cfg.lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    from llmrl.models.catalog import CATALOG
+
+    assert cfg.model.name in CATALOG and cfg.lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
