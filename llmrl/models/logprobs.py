@@ -27,6 +27,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from ..losses import entropy_from_logprobs
+
 CHUNK_MIB = 64.0
 """Default float32 logits computed at once, in MiB (`model.logits_chunk_mib`): 110 positions at
 Qwen2.5's vocabulary of 151,936, 341 at SmolLM2's 49,152, the whole batch for the built-in models."""
@@ -58,7 +60,7 @@ def _stats(head: nn.Module, h: Tensor, tokens: Tensor, temperature: float, entro
     if entropy == "off":
         return lp, lp.new_empty(0)
     with torch.set_grad_enabled(entropy == "trained" and torch.is_grad_enabled()):
-        return lp, -(logp.exp() * logp).sum(-1)
+        return lp, entropy_from_logprobs(logp)
 
 
 def token_stats(head: nn.Module, h: Tensor, tokens: Tensor, mask: Tensor, temperature: float,
