@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 
 ATOL = dict(atol=1e-4, rtol=0)
@@ -51,8 +56,19 @@ def cli_run(args: list[str]) -> tuple[int, str, str]:
 
     from llmrl.cli import app
 
-    result = CliRunner().invoke(app, args)
+    threads = torch.get_num_threads()
+    try:
+        result = CliRunner().invoke(app, args)
+    finally:  # a run sets `threads` for its process: give the test process its own count back
+        torch.set_num_threads(threads)
     return result.exit_code, result.stdout, result.stderr
+
+
+def cli_subprocess(args: list[str], timeout: float = 900) -> subprocess.CompletedProcess:
+    """`python -m llmrl ARGS` in a real subprocess of its own (this checkout on PYTHONPATH)."""
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    return subprocess.run([sys.executable, "-m", "llmrl", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
 
 
 def cli_refused(args: list[str], message: str, code: int = 2) -> str:

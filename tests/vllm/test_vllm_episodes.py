@@ -23,7 +23,7 @@ from llmrl.step.episodes import generate_episodes
 from llmrl.step.forward import masked_logprobs
 from llmrl.tasks import task_from_config
 
-from tests.helpers import CLI_SMALL, cli_run
+from tests.helpers import CLI_SMALL, cli_subprocess
 
 CONTEXT = 64
 ROWS = 8
@@ -106,11 +106,11 @@ def test_train_runs_an_environment_on_the_vllm_engine(warm_tiny_dir, tmp_path: P
                    "        if self.turns == 3:\n            return EnvStep(reward=1.0, done=True)\n"
                    "        return EnvStep([{'role': 'user', 'content': '7'}])\n")
     out = tmp_path / "run"
-    code, stdout, stderr = cli_run(["train", "--model", str(warm_tiny_dir), "--engine", "vllm", "--algo", "grpo",
-                                    "--env", f"{env}:Seven", "--steps", "2", "--out", str(out), *CLI_SMALL,
-                                    "--set", "rollout.num_generations=2", "--set", "rollout.max_new_tokens=6",
-                                    "--set", "rollout.max_turns=3"])
-    assert code == 0, (stdout, stderr)
+    done = cli_subprocess(["train", "--model", str(warm_tiny_dir), "--engine", "vllm", "--algo", "grpo",
+                           "--env", f"{env}:Seven", "--steps", "2", "--out", str(out), *CLI_SMALL,
+                           "--set", "rollout.num_generations=2", "--set", "rollout.max_new_tokens=6",
+                           "--set", "rollout.max_turns=3"])
+    assert done.returncode == 0, (done.stdout, done.stderr)
 
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and any(r["turns_mean"] > 1 for r in rows)
