@@ -102,8 +102,8 @@ def child(name: str, model: str, steps: int, dtype: str = "float32", seed: int =
         result = llmrl_run(model, name, steps, dtype, seed, lr)
     else:
         raise SystemExit(f"unknown contender '{name}'; valid: {', '.join(CONTENDERS + OPTIONAL)}")
-    result.update(peak_rss_mib=vm_hwm_mib(), threads=torch.get_num_threads(), dtype=dtype, seed=seed, device=shared.DEVICE,
-                  **gpu_memory_mib())
+    result.update(peak_rss_mib=vm_hwm_mib(), threads=torch.get_num_threads(), dtype=dtype, seed=seed,
+                  device=shared.DEVICE, **gpu_memory_mib())
     return result
 
 
@@ -114,7 +114,8 @@ def run_child(name: str, model: str, steps: int, timeout: float, *, dtype: str =
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         path = Path(f.name)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--model", model, "--steps", str(steps),
-           "--threads", str(shared.THREADS), "--device", shared.DEVICE, "--dtype", dtype, "--seed", str(seed), "--lr", repr(lr), "--child-out", str(path)]
+           "--threads", str(shared.THREADS), "--device", shared.DEVICE, "--dtype", dtype, "--seed", str(seed),
+           "--lr", repr(lr), "--child-out", str(path)]
     if trl_gc:
         cmd.append("--trl-gradient-checkpointing")
     env = {**os.environ, "OMP_NUM_THREADS": str(shared.THREADS), "TOKENIZERS_PARALLELISM": "false"}

@@ -178,3 +178,14 @@ def test_no_import_circle_in_llmrl_or_bench() -> None:
                                                for m in c for n in sorted(graph[m]) if n in c)
                for c in _cycles(graph)]
     assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+def test_no_maintained_benchmark_imports_a_probe() -> None:
+    """bench/probes/ holds one-off probes: a maintained benchmark (bench/*.py, bench/contenders/) may
+    be imported by a probe, never the reverse."""
+    files = _module_files()
+    graph = _import_graph(files)
+    bad = [f"{files[m].relative_to(REPO)}:{line} imports {n}" for m, edges in sorted(graph.items())
+           if m.startswith("bench.") and not m.startswith("bench.probes.")
+           for n, line in edges.items() if n.startswith("bench.probes.")]
+    assert not bad, "\n".join(bad)
