@@ -1,7 +1,7 @@
 """Does a run in bfloat16 learn what it learns in float32, and is it faster end to end? (issue 29)
 
     python bench/dtype_runs.py --recipe recipes/smollm2-135m-fast.yaml --seeds 0,1,2 \
-        --dtypes float32,bfloat16 --root /tmp/dtype-runs --out bench/results-dtype-runs.json
+        --dtypes float32,bfloat16 --root /tmp/dtype-runs --out bench/results/dtype-runs.json
 
 Each run is a whole `llmrl train --recipe R --seed S --set model.dtype=D` command in a fresh process,
 one at a time, the dtypes alternated within each seed (f32, bf16, f32, bf16, ...) so that a slow patch
@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--root", default="/tmp/dtype-runs")
-    ap.add_argument("--out", default="bench/results-dtype-runs.json")
+    ap.add_argument("--out", default="bench/results/dtype-runs.json")
     a = ap.parse_args()
     out = Path(a.out)
     result = json.loads(out.read_text()) if out.exists() else {}

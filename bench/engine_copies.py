@@ -12,7 +12,7 @@ sampling thread during the generation, minus the RSS just before it. LoRA r=16 o
 (default: every linear layer but the head, as the run's default), B ~ N(0, 0.01²).
 
     python bench/engine_copies.py --model qwen2.5-coder-0.5b-instruct --rows 64 --tokens 64 --reps 2 \
-        --threads 2 --out bench/results-engine-copies-qwen0.5b.json
+        --threads 2 --out bench/results/engine-copies-qwen0.5b.json
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from merged_decode import _request  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `bench.common`
+from bench.common import random_request  # noqa: E402
 
 from llmrl.config.schema import LoraConfig, ModelConfig  # noqa: E402
 from llmrl.engines.hf import HFEngine  # noqa: E402
@@ -86,13 +86,13 @@ def main() -> None:
             torch.nn.init.normal_(p, std=0.01)
     vocab = stack.lm.config.vocab_size
     engines = {k: HFEngine(stack, [vocab + 7], 0, merge=m, pack=p) for k, (m, p) in CONTENDERS.items()}
-    engines["adapters"].generate(_request(vocab, 8, 4, 99))  # warm-up
+    engines["adapters"].generate(random_request(vocab, 8, 4, 99))  # warm-up
     seconds: dict[str, list[float]] = {k: [] for k in engines}
     extra: dict[str, list[int]] = {k: [] for k in engines}
     for rep in range(args.reps):
         order = list(engines) if rep % 2 == 0 else list(engines)[::-1]
         for name in order:
-            s, b = measured(lambda: engines[name].generate(_request(vocab, args.rows, args.tokens, rep)))
+            s, b = measured(lambda: engines[name].generate(random_request(vocab, args.rows, args.tokens, rep)))
             seconds[name].append(s)
             extra[name].append(b)
             print(f"rep {rep} {name:>14}: {s:7.2f} s, +{b / 2**20:7.0f} MiB", flush=True)

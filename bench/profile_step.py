@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python bench/profile_step.py` from anywhere
-import bench.vs_trl as vs  # noqa: E402
+import bench.contenders.shared as vs  # noqa: E402  (the configuration of bench/vs_trl.py)
 from llmrl import load_config  # noqa: E402
 from llmrl.run.one_step import PHASES, train_step  # noqa: E402
 from llmrl.run.reporting import NullReporter  # noqa: E402

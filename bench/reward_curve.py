@@ -3,11 +3,11 @@
 Issue 8's target "same reward curve within noise": both learn on the same configuration (the one
 bench/vs_trl.py builds: SmolLM2-135M-Instruct, LoRA r=16 on q,k,v,o, 2 prompts × 4 samples, 32 new
 tokens, β=0.04 k3 in the loss, temperature 1, lr 1e-5, llmrl's `numeric` reward on `chat_sum`
-prompts, TRL's defaults aligned to llmrl's: see `vs_trl.trl_args`) and TRL reads llmrl's prompts in
+prompts, TRL's defaults aligned to llmrl's: see `trl_args` in bench/contenders/trl_grpo.py) and TRL reads llmrl's prompts in
 llmrl's order. Timings are not the point: every run is a subprocess of bench/vs_trl.py with one
 torch thread, `--parallel N` of them at once.
 
-    python bench/reward_curve.py --steps 40 --seeds 0,1 --parallel 2 --out bench/reward-curve.json
+    python bench/reward_curve.py --steps 40 --seeds 0,1 --parallel 2 --out bench/results/reward-curve.json
 
 Writes the JSON (per contender and seed: per-step mean reward, completion length, prompts, the
 trainers' own metrics rows), a summary with a verdict, and a PNG of the smoothed curves next to the
@@ -33,8 +33,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import vs_trl as vs  # noqa: E402  (bench/vs_trl.py: the configuration and the child runs)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `bench.vs_trl`
+import bench.vs_trl as vs  # noqa: E402  (bench/vs_trl.py: the child runs)
+from bench.contenders import shared  # noqa: E402  (the configuration, the run's threads)
 
 CONTENDERS = ["llmrl-grpo-defaults", "trl-grpo"]
 SAMPLING_NOTE = (
@@ -170,15 +171,15 @@ def print_summary(summary: dict[str, Any], dtype: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=vs.MODEL)
+    ap.add_argument("--model", default=shared.MODEL)
     ap.add_argument("--steps", type=int, default=40, help="training steps per run (K)")
     ap.add_argument("--seeds", default="0,1", help="comma-separated seeds")
     ap.add_argument("--parallel", type=int, default=1, help="runs at once (each with one torch thread)")
     ap.add_argument("--only", default=",".join(CONTENDERS), help="comma-separated contenders of bench/vs_trl.py")
-    ap.add_argument("--dtype", choices=vs.DTYPES, default="float32")
-    ap.add_argument("--lr", type=float, default=vs.LR)
+    ap.add_argument("--dtype", choices=shared.DTYPES, default="float32")
+    ap.add_argument("--lr", type=float, default=shared.LR)
     ap.add_argument("--timeout", type=float, default=6 * 3600, help="seconds per run")
-    ap.add_argument("--out", default="bench/reward-curve.json", help="JSON path; the PNG goes next to it")
+    ap.add_argument("--out", default="bench/results/reward-curve.json", help="JSON path; the PNG goes next to it")
     a = ap.parse_args()
     if a.steps < 1 or a.parallel < 1:
         raise SystemExit("--steps and --parallel must be at least 1.")
@@ -187,7 +188,7 @@ def main() -> None:
     if bad:
         raise SystemExit(f"unknown contender(s) {', '.join(bad)}; valid: {', '.join([*vs.LLMRL, 'trl-grpo', 'trl-rloo'])}")
     seeds = [int(s) for s in a.seeds.split(",") if s.strip()]
-    vs.THREADS = 1
+    shared.THREADS = 1
     model = str(Path(os.path.expanduser(a.model)))
     t0 = time.perf_counter()
     runs = run_all(names, seeds, a, model)
@@ -198,8 +199,8 @@ def main() -> None:
     title = (f"issue 8 config, {a.dtype}, lr {a.lr:g}, {a.steps} steps, seeds {seeds}; "
              f"TRL: constant lr, scale_rewards=group, loss_type=dapo, llmrl's prompt order")
     plot(runs, names, a.steps, out.with_suffix(".png"), title)
-    shared = {k: v for k, v in vs.run_config(model, a.dtype, 0, a.lr, False).items() if k != "seed"}
-    result = {"config": {**shared,
+    common = {k: v for k, v in vs.run_config(model, a.dtype, 0, a.lr, False).items() if k != "seed"}
+    result = {"config": {**common,
                          "seeds": seeds, "steps": a.steps, "parallel": a.parallel, "contenders": names},
               "command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": vs.machine(),
               "total_wall_s": time.perf_counter() - t0, "summary": summary, "sampling_note": SAMPLING_NOTE,

@@ -2,7 +2,7 @@
 
     python bench/rg_learning.py --recipe recipes/smollm2-135m-rg.yaml \
         --runs "chain_sum?max_terms=2&max_digits=2:0;gcd?max_value=20:0;..." \
-        --root /tmp/rg-runs --out bench/results-rg-learning.json
+        --root /tmp/rg-runs --out bench/results/rg-learning.json
 
 Each run is `llmrl train --recipe R --task rg:TASK --seed S --out ROOT/<n>` in a fresh process,
 timed as a whole command (model load, both held-out evaluations, training), one after another,
@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--recipe", default="recipes/smollm2-135m-rg.yaml")
     parser.add_argument("--runs", required=True, help="TASK:SEED entries separated by ';'")
     parser.add_argument("--root", default="/tmp/rg-runs")
-    parser.add_argument("--out", default="bench/results-rg-learning.json")
+    parser.add_argument("--out", default="bench/results/rg-learning.json")
     args = parser.parse_args()
     out = Path(args.out)
     result = json.loads(out.read_text()) if out.exists() else {}

@@ -3,7 +3,7 @@ measurement that chooses which tasks a learning test can show a rise on (issue 2
 model solves at 5–60 %).
 
     python bench/rg_screen.py --model smollm2-135m-instruct \
-        --tasks "leg_counting;chain_sum?max_terms=2;..." --size 40 --max-new-tokens 40 --out bench/results-rg-screen.json
+        --tasks "leg_counting;chain_sum?max_terms=2;..." --size 40 --max-new-tokens 40 --out bench/results/rg-screen.json
 
 Each task runs `llmrl eval --samples 0 --json` in its own subprocess (the held-out split, the first
 `--size` questions, the run's answer convention and chat template), one after another, never two at
@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--tasks", required=True, help="reasoning-gym names (without rg:), each with its ?key=value settings, separated by ';' (a setting's list holds commas)")
     parser.add_argument("--size", type=int, default=40)
     parser.add_argument("--max-new-tokens", type=int, default=40)
-    parser.add_argument("--out", default="bench/results-rg-screen.json")
+    parser.add_argument("--out", default="bench/results/rg-screen.json")
     args = parser.parse_args()
     out = Path(args.out)
     result = json.loads(out.read_text()) if out.exists() else {}

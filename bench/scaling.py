@@ -1,6 +1,6 @@
 """Where a step's time goes: generation, scoring forwards, update — measured on random Llama models.
 
-    PYTHONPATH=. python bench/scaling.py [--steps 3] [--device cpu|cuda] [--out bench/scaling.json]
+    PYTHONPATH=. python bench/scaling.py [--steps 3] [--device cpu|cuda] [--out bench/results/scaling.json]
 
 For each (model size, batch) it builds a random Llama with the char tokenizer (no hub), runs PPO
 steps of the loop with one CPU thread and reads three phases per step from the metrics row's own
@@ -102,7 +102,7 @@ def fit(rows: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--out", default="bench/scaling.json")
+    ap.add_argument("--out", default="bench/results/scaling.json")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     args = ap.parse_args()
     torch.set_num_threads(1)

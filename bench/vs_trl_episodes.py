@@ -27,7 +27,7 @@ Order: llmrl (timing), TRL (full: --trl-steps rollout steps + accuracy), llmrl (
 each in its own subprocess (A, B, A, B). The first step of every run is a warm-up and is not counted.
 
     python bench/vs_trl_episodes.py [--trl-python bench/.venv-trl/bin/python] [--trl-steps 12]
-        [--timing-steps 3] [--llmrl-runs runs/calc-s0 ...] [--out bench/results-vs-trl-episodes.json]
+        [--timing-steps 3] [--llmrl-runs runs/calc-s0 ...] [--out bench/results/vs-trl-episodes.json]
     (--skip probe llmrl-1 trl-full llmrl-2 trl-timing: only re-summarise the results file)
 
 TRL's virtualenv: python3 -m venv bench/.venv-trl && bench/.venv-trl/bin/pip install torch==2.13.0 trl peft
@@ -478,7 +478,7 @@ def main() -> None:
     p.add_argument("--llmrl-runs", nargs="*", default=[],
                    help="folders of full `llmrl train --recipe RECIPE` runs (e.g. runs/calc-s0): their step times and "
                         "accuracies are added as the llmrl reference of the full 12-step run")
-    p.add_argument("--out", default=str(ROOT / "bench/results-vs-trl-episodes.json"))
+    p.add_argument("--out", default=str(ROOT / "bench/results/vs-trl-episodes.json"))
     args = p.parse_args()
     if args.child:
         child_main(args)

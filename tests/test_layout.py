@@ -4,6 +4,7 @@ layer, and no module grows past ~400 lines."""
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 import llmrl
@@ -70,3 +71,121 @@ def test_no_import_runs_against_the_layering() -> None:
 def test_no_module_is_over_400_lines() -> None:
     long = {str(p.relative_to(ROOT.parent)): n for p in ROOT.rglob("*.py") if (n := len(p.read_text().splitlines())) > 400}
     assert not long, long
+
+
+# ---- no import circle in llmrl/ or bench/ --------------------------------------------------------------
+REPO = ROOT.parent
+SCANNED = ("llmrl", "bench")
+
+
+def _module_files() -> dict[str, Path]:
+    """Dotted module name → file, for every .py under llmrl/ and bench/ (hidden folders such as
+    bench/.trl-1.12 and __pycache__ left out)."""
+    files: dict[str, Path] = {}
+    for top in SCANNED:
+        for folder, dirs, names in os.walk(REPO / top):
+            dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
+            for name in names:
+                if name.endswith(".py"):
+                    parts = (Path(folder) / name).relative_to(REPO).with_suffix("").parts
+                    files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = Path(folder) / name
+    return files
+
+
+def _import_graph(files: dict[str, Path]) -> dict[str, dict[str, int]]:
+    """module → {module it imports: line}, from the AST: every import statement, at the top or inside a
+    function. `from P import n` is an import of P.n when that is a module, else of P; a bench script's
+    plain `import x` is also looked up beside the script (its folder is sys.path[0] when run)."""
+    graph: dict[str, dict[str, int]] = {}
+    for module, path in files.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        beside = ".".join(path.relative_to(REPO).parent.parts)
+
+        def known(name: str) -> str | None:
+            for candidate in (name, f"{beside}.{name}" if module.startswith("bench") else None):
+                if candidate in files:
+                    return candidate
+            return None
+
+        edges: dict[str, int] = {}
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                subs = [known(f"{target}.{a.name}") for a in node.names]
+                found = [s for s in subs if s] + ([known(target)] if None in subs or not node.names else [])
+            elif isinstance(node, ast.Import):
+                found = [known(a.name) for a in node.names]
+            else:
+                continue
+            for target in found:
+                if target and target != module:
+                    edges.setdefault(target, node.lineno)
+        graph[module] = edges
+    return graph
+
+
+def _cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_the_cycle_finder_finds_a_circle() -> None:
+    graph = {"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}, "e": {}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b": 1}, "b": {}}) == []
+
+
+def test_the_import_graph_sees_function_level_and_script_imports() -> None:
+    graph = _import_graph(_module_files())
+    assert "llmrl.engines.hf_turns" in graph["llmrl.engines.hf"]  # top level
+    assert "llmrl.algos" in graph["llmrl.config.load"]  # inside a function
+    assert "llmrl.rewards.builtin" in graph["bench.contenders.trl_grpo"]  # inside a function, absolute
+    assert "bench.probes.decode_width" in graph["bench.probes.decode_kernels"]  # a script's sibling
+
+
+def test_no_import_circle_in_llmrl_or_bench() -> None:
+    files = _module_files()
+    graph = _import_graph(files)
+    circles = [" ↔ ".join(c) + ": " + "; ".join(f"{files[m].relative_to(REPO)}:{graph[m][n]} imports {n}"
+                                               for m in c for n in sorted(graph[m]) if n in c)
+               for c in _cycles(graph)]
+    assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+def test_no_maintained_benchmark_imports_a_probe() -> None:
+    """bench/probes/ holds one-off probes: a maintained benchmark (bench/*.py, bench/contenders/) may
+    be imported by a probe, never the reverse."""
+    files = _module_files()
+    graph = _import_graph(files)
+    bad = [f"{files[m].relative_to(REPO)}:{line} imports {n}" for m, edges in sorted(graph.items())
+           if m.startswith("bench.") and not m.startswith("bench.probes.")
+           for n, line in edges.items() if n.startswith("bench.probes.")]
+    assert not bad, "\n".join(bad)

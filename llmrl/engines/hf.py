@@ -23,6 +23,7 @@ from ..models.stack import PolicyStack, tempered, token_logprobs
 from ..models.tokenizer import stop_token_ids
 from ..parallel.distributed import SINGLE, DistContext
 from .base import Generation, GenerationRequest, register_engine, row_keys
+from .hf_turns import CachedTurns, DecodingLoop
 
 
 def key_uniforms(keys: Tensor, n: int) -> Tensor:
@@ -188,10 +189,9 @@ class HFEngine:
 
     def turn_decoder(self, role: str) -> Any:
         """An episode batch's decoder that keeps every episode's KV cache from turn to turn
-        (`hf_turns.CachedTurns`), so a turn prefills only what was added since the last."""
-        from .hf_turns import CachedTurns  # hf_turns builds on this module's decoding loop
-
-        return CachedTurns(self, role)
+        (`hf_turns.CachedTurns`, given this module's decoding loop), so a turn prefills only what was
+        added since the last."""
+        return CachedTurns(self, role, DecodingLoop(generate, decode, key_uniforms))
 
     def sync(self, stack: Any) -> None:
         """Nothing to push: every call samples from the stack's current adapters."""

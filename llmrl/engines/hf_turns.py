@@ -25,7 +25,8 @@ through the plain products (packing the weights again at every turn would cost m
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -33,7 +34,6 @@ from torch import Tensor
 from ..models.decoding import ReservedCache, skinny_head
 from ..models.prefix import with_cache
 from .base import Generation, SamplingSettings
-from .hf import HFEngine, decode, generate, key_uniforms
 from .turns import left_pad
 
 Slots = list[int | None]
@@ -51,11 +51,23 @@ def match(slots: Slots, seq: Sequence[int]) -> tuple[list[int], int]:
     return keep, n
 
 
-class CachedTurns:
-    """`TurnDecoder` of the `hf` engine for one episode batch (`engines/turns.py`)."""
+@dataclass(frozen=True)
+class DecodingLoop:
+    """What the turns take from the `hf` engine's module, handed over by the engine (`HFEngine.turn_decoder`)
+    so that this module does not import it: `generate` (prefill + decode, turn 0), `decode` (the loop
+    after a prefill, the later turns) and `key_uniforms` (a row's sampling key → its uniforms)."""
 
-    def __init__(self, engine: HFEngine, role: str) -> None:
-        self.engine, self.role = engine, role
+    generate: Callable[..., Generation]
+    decode: Callable[..., Generation]
+    key_uniforms: Callable[[Tensor, int], Tensor]
+
+
+class CachedTurns:
+    """`TurnDecoder` of the `hf` engine for one episode batch (`engines/turns.py`). `engine`: the
+    `HFEngine` (its stack, stop and pad ids, collectives, `acting`, `pack`); `loop`: its decoding loop."""
+
+    def __init__(self, engine: Any, role: str, loop: DecodingLoop) -> None:
+        self.engine, self.role, self.loop = engine, role, loop
         self.cache: ReservedCache | None = None
         self.order: list[int] = []  # the episode of each cache row
         self.slots: list[Slots] = []  # per cache row: the token at each cache position, None for a hole
@@ -65,12 +77,12 @@ class CachedTurns:
         """The next turn of `episodes` from their ids so far (`TurnDecoder.turn`); `room` is the caller's to cut."""
         engine, stack = self.engine, self.engine.stack
         device = stack.lm.device
-        uniforms = None if keys is None else key_uniforms(keys, settings.max_new_tokens).to(device)
+        uniforms = None if keys is None else self.loop.key_uniforms(keys, settings.max_new_tokens).to(device)
         with engine.acting(self.role):
             if self.cache is None:
                 self.cache = ReservedCache(settings.max_new_tokens)
                 ids, mask = left_pad(sequences, engine.pad_id)
-                gen = generate(stack, ids.to(device), mask.to(device), max_new_tokens=settings.max_new_tokens,
+                gen = self.loop.generate(stack, ids.to(device), mask.to(device), max_new_tokens=settings.max_new_tokens,
                                eos_id=engine.stop_ids, pad_id=engine.pad_id, temperature=settings.temperature,
                                top_p=settings.top_p, uniforms=uniforms, logprobs=logprobs,
                                all_done=engine.dist.all_done, cache=self.cache, pack=engine.pack)  # the rollout's path
@@ -107,7 +119,7 @@ class CachedTurns:
         with skinny_head(model):  # unpacked: a turn of a few tokens would pack again (models/packed.py)
             logits = model(input_ids=ids.to(model.device), attention_mask=attention, position_ids=positions,
                            logits_to_keep=1, **with_cache(model, self.cache)).logits
-            return decode(model, logits, self.cache, attention, positions[:, -1:],
+            return self.loop.decode(model, logits, self.cache, attention, positions[:, -1:],
                           max_new_tokens=settings.max_new_tokens, eos_id=engine.stop_ids, pad_id=engine.pad_id,
                           temperature=settings.temperature, top_p=settings.top_p, uniforms=uniforms,
                           logprobs=logprobs, all_done=engine.dist.all_done)

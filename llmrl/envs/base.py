@@ -19,6 +19,7 @@ takes no argument.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -103,6 +104,11 @@ def register_env(name: str) -> Callable[[Callable[..., Environment]], Callable[.
     return wrap
 
 
+# a name's prefix → "module:function" of the adapter that resolves such names to an EnvSpec, looked up
+# by name and imported only when a name asks for it (the adapter imports this module, not the reverse)
+ADAPTERS: dict[str, str] = {"ta:": "llmrl.envs.textarena:env_spec"}  # a TextArena game
+
+
 def resolve_env(name: str, **options: Any) -> EnvSpec:
     """The environment `name` names: a built-in (`ENVS`), a TextArena game `ta:ENV_ID`, `module:Class` or
     `file.py:Class`.
@@ -110,11 +116,10 @@ def resolve_env(name: str, **options: Any) -> EnvSpec:
     if name in ENVS:
         factory = ENVS[name]
         return EnvSpec(name, lambda: factory(**options))
-    if name.startswith("ta:"):  # a TextArena game (envs/textarena.py), imported only when asked for
-        from .textarena import TextArenaEnv, env_id
-
-        game = env_id(name)
-        return EnvSpec(name, lambda: TextArenaEnv(game))
+    for prefix, adapter in ADAPTERS.items():
+        if name.startswith(prefix):
+            module, _, function = adapter.partition(":")
+            return getattr(importlib.import_module(module), function)(name)
     target, sep, attr = name.rpartition(":")
     if not sep or not target or not attr:
         raise ConfigError(f"Environment '{name}' is not a built-in ({', '.join(sorted(ENVS))}), a TextArena game "

@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from ..errors import ConfigError
-from .base import EnvStep, Message, ToolCall
+from .base import EnvSpec, EnvStep, Message, ToolCall
 
 PREFIX = "ta:"
 INSTALL = "pip install 'llmrl[textarena]' (from a clone: pip install -e '.[textarena]')"
@@ -63,6 +63,13 @@ def env_id(name: str) -> str:
         raise ConfigError(f"TextArena has no game '{game}'{hint}")
     del ta
     return game
+
+
+def env_spec(name: str) -> EnvSpec:
+    """`resolve_env`'s adapter for 'ta:ENV_ID' (envs/base.py `ADAPTERS`): the game checked now, one
+    `TextArenaEnv` per episode."""
+    game = env_id(name)
+    return EnvSpec(name, lambda: TextArenaEnv(game))
 
 
 def _raw(game: str) -> str:

@@ -12,7 +12,7 @@
    36 ms as W · xᵀ, (V × H) · (H × N), against 56 ms as x · Wᵀ (a microbenchmark, 2 threads); the
    result is transposed back into a contiguous (N, 1, V) tensor. Each logit is the same dot product
    of H terms through the other operand order, which may round differently: the logits were
-   bit-identical at 16-100 rows on the CPU of docs/performance.md, not at 8 (bench/decode_kernels.py).
+   bit-identical at 16-100 rows on the CPU of docs/performance.md, not at 8 (bench/probes/decode_kernels.py).
 
 Both are used only by the `hf` engine's `generate`; training forwards (many rows) keep the plain
 paths, but for `wide`: a strided slice of a model of hidden size ≥ 256 reaches the LM head as
@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
-SKINNY_ROWS = 256  # above this many rows the plain x · Wᵀ is as fast (bench/decode_kernels.py)
+SKINNY_ROWS = 256  # above this many rows the plain x · Wᵀ is as fast (bench/probes/decode_kernels.py)
 WIDE = 256  # hidden size from which a strided input reaches a product only as contiguous rows (`wide`)
 
 

@@ -42,7 +42,7 @@ DEMO: list[dict[str, str]] = [
 ]
 """The worked example every `chat_calc` conversation opens with: one call in the plain format
 (envs/tools.py) and the answer copied from the tool.
-It shows a single product while the questions ask for a sum of two (bench/tool_openings.py, SmolLM2-135M-
+It shows a single product while the questions ask for a sum of two (bench/probes/tool_openings.py, SmolLM2-135M-
 Instruct, 16 held-out questions): with a worked example of the questions' own shape the model answers all
 16 greedily before any training; with none it writes 1 well-formed call in 64 samples and answers none;
 with this one it answers 6 of 16 greedily and 11 of 64 sampled at T 0.7 — room to

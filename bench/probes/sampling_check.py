@@ -6,7 +6,7 @@ Prints, per round, the mean completion length (EOS included) and the share cut a
 sampler. The two draw differently (llmrl: inverse CDF from counter-based uniforms; HF:
 torch.multinomial on the global generator), so only the distributions can agree.
 
-    PYTHONPATH=$PWD python bench/sampling_check.py [--rounds 2] [--per-prompt 16] [--dtype float32]
+    PYTHONPATH=$PWD python bench/probes/sampling_check.py [--rounds 2] [--per-prompt 16] [--dtype float32]
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import vs_trl as vs  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
+import bench.contenders.shared as vs  # noqa: E402  (the configuration of bench/vs_trl.py)
 
 
 def main() -> None:

@@ -1,8 +1,8 @@
 """The vllm engine's merged sync: extra memory of building W′ = W + s·B·A all at once against one
 decoder layer at a time (engines/actor_weights.buckets), measured, not derived.
 
-    python bench/sync_memory.py [--shape smollm2|tiny] [--targets all-linear] [--reps 3] \
-        [--out bench/results-sync-memory.json]
+    python bench/probes/sync_memory.py [--shape smollm2|tiny] [--targets all-linear] [--reps 3] \
+        [--out bench/results/sync-memory.json]
 
 Each (mode, repetition) runs in a fresh subprocess (the modes alternate), so a process's peak RSS
 (VmHWM) is that run's alone: the child builds the model from the shape's config with random weights

@@ -1,7 +1,7 @@
 """What the vLLM engine's second copy costs in host memory, stage by stage (issue 29).
 
-    .venv-vllm/bin/python bench/vllm_rss.py --model ~/.cache/llmrl/gguf/SmolLM2-135M-Instruct.Q4_1-<hash> \
-        [--rows 8] [--new-tokens 32] [--out bench/results-vllm-rss.json]
+    .venv-vllm/bin/python bench/probes/vllm_rss.py --model ~/.cache/llmrl/gguf/SmolLM2-135M-Instruct.Q4_1-<hash> \
+        [--rows 8] [--new-tokens 32] [--out bench/results/vllm-rss.json]
 
 One process, on the CPU, the way llmrl's engine builds vLLM (in-process engine core, float32, eager,
 the KV cache sized as llmrl sizes it for `--rows` rows of ≤ 128 tokens, llmrl/engines/vllm_memory.py):

@@ -16,8 +16,8 @@ rows against a `--tokens` KV cache (generation's shape). Medians of `--reps` aft
 models are transformers' own with SDPA and an unpadded batch, so every bfloat16 decoding step here
 takes SDPA's slow `enable_gqa` kernel (llmrl/models/attention.py): the contenders compare alike.
 
-    python bench/bf16_lora.py --model <SmolLM2 folder> --rows 16 --tokens 64 --decode-rows 64 --reps 5 \
-        --out bench/results-bf16-lora.json
+    python bench/probes/bf16_lora.py --model <SmolLM2 folder> --rows 16 --tokens 64 --decode-rows 64 --reps 5 \
+        --out bench/results/bf16-lora.json
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The `hf` engine's generation with the actor's LoRA merged in (llmrl/models/merged.py) against
 decoding through the adapters, side by side.
 
-    python bench/merged_decode.py --model ~/.cache/llmrl/gguf/SmolLM2-135M-Instruct.Q4_1-<hash> \
-        [--rows 64] [--tokens 64] [--reps 4] [--threads 2] [--dtype float32] [--out bench/results-merged-decode.json]
+    python bench/probes/merged_decode.py --model ~/.cache/llmrl/gguf/SmolLM2-135M-Instruct.Q4_1-<hash> \
+        [--rows 64] [--tokens 64] [--reps 4] [--threads 2] [--dtype float32] [--out bench/results/merged-decode.json]
 
 A PolicyStack on the model with LoRA r=16 on q,k,v,o (the SmolLM2 recipes'), the actor's B ~ N(0, 0.01²)
 so the adapter is not a no-op. `--rows` sampled rows (8 prompts of ~50 tokens × rows/8 samples, each
@@ -20,16 +20,15 @@ import argparse
 import json
 import statistics
 import time
+import sys
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM
 
-from llmrl.config.schema import LoraConfig
-from llmrl.engines.base import GenerationRequest, SamplingSettings, row_keys
-from llmrl.engines.hf import HFEngine
-from llmrl.models.merged import mergeable
-from llmrl.models.stack import PolicyStack
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `python bench/probes/merged_decode.py` from anywhere
+from bench.common import lora_stack, random_request  # noqa: E402
+from llmrl.engines.hf import HFEngine  # noqa: E402
+from llmrl.models.merged import mergeable  # noqa: E402
 
 
 def _args() -> argparse.Namespace:
@@ -47,40 +46,22 @@ def _args() -> argparse.Namespace:
     return args
 
 
-def _stack(path: str, dtype: torch.dtype, targets: list[str]) -> PolicyStack:
-    torch.manual_seed(0)
-    stack = PolicyStack(AutoModelForCausalLM.from_pretrained(path, dtype=dtype), LoraConfig(r=16, target_modules=targets),
-                        with_critic=False)
-    for name, p in stack.peft.named_parameters():
-        if "lora_B" in name:
-            torch.nn.init.normal_(p, std=0.01)
-    return stack
-
-
-def _request(vocab: int, rows: int, tokens: int, rep: int) -> GenerationRequest:
-    g = max(1, rows // 8)
-    b = rows // g
-    ids = torch.randint(100, vocab, (b, 50), generator=torch.Generator().manual_seed(rep))
-    keys = row_keys(rep, 0, torch.arange(b).repeat_interleave(g), torch.arange(g).repeat(b))
-    return GenerationRequest(ids, torch.ones_like(ids, dtype=torch.bool), g, SamplingSettings(tokens), keys, logprobs=True)
-
-
 def main() -> None:
     args = _args()
-    stack = _stack(args.model, getattr(torch, args.dtype), args.targets.split(","))
+    stack = lora_stack(args.model, getattr(torch, args.dtype), args.targets.split(","))
     vocab = stack.lm.config.vocab_size
     if not mergeable(stack):
         print(f"note: a {args.dtype} actor does not merge (llmrl/models/merged.py): both contenders decode "
               "through the adapters", flush=True)
     engines = {name: HFEngine(stack, [vocab + 7], 0, merge=(name == "merged")) for name in ("adapters", "merged")}
-    engines["merged"].generate(_request(vocab, 8, 4, 99))  # warm-up
+    engines["merged"].generate(random_request(vocab, 8, 4, 99))  # warm-up
     seconds: dict[str, list[float]] = {name: [] for name in engines}
     same, total, worst = 0, 0, 0.0
     for rep in range(args.reps):
         out = {}
         for name in engines if rep % 2 == 0 else list(engines)[::-1]:
             started = time.perf_counter()
-            out[name] = engines[name].generate(_request(vocab, args.rows, args.tokens, rep))
+            out[name] = engines[name].generate(random_request(vocab, args.rows, args.tokens, rep))
             seconds[name].append(time.perf_counter() - started)
         a, m = out["adapters"], out["merged"]
         alike = a.response_ids == m.response_ids

@@ -12,7 +12,7 @@ for a baseline b that does not depend on the sample. The gradient variance scale
     ReMax     (b = g):        p(1 − g) + (1 − p) g
     ideal     (b = p):        p(1 − p)          (what RLOO/GRPO estimate from the group)
 
-Usage: python bench/baseline_variance.py [--prompts 512] [--samples 32] [--temperature 1.0]
+Usage: python bench/probes/baseline_variance.py [--prompts 512] [--samples 32] [--temperature 1.0]
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The `hf` engine's two decode-time savings (llmrl/models/decoding.py), side by side with the plain path.
 
-    python bench/decode_kernels.py --model ~/.cache/llmrl/gguf/SmolLM2-135M-Instruct.Q4_1-<hash> \
-        [--rows 32,100] [--reps 4] [--threads 2] [--out bench/results-decode-kernels.json]
+    python bench/probes/decode_kernels.py --model ~/.cache/llmrl/gguf/SmolLM2-135M-Instruct.Q4_1-<hash> \
+        [--rows 32,100] [--reps 4] [--threads 2] [--out bench/results/decode-kernels.json]
 
-The model with LoRA r=16 on q,k,v,o as in bench/decode_width.py, a 50-token prompt per row,
+The model with LoRA r=16 on q,k,v,o as in bench/probes/decode_width.py, a 50-token prompt per row,
 prefilled, then `--tokens` greedy (rows, 1) decoding forwards. Two contenders, alternated inside
 every repetition (a slow patch of a shared CPU hits both): `plain` (transformers' DynamicCache and
 the LM head as x · Wᵀ) and `llmrl` (ReservedCache and `skinny_head`). Reported per width: the

@@ -7,7 +7,7 @@ for Hermes) and the same greedily, through llmrl's own episode generation (`step
 the plain model (adapters off). Printed per opening: well-formed calls, malformed calls and right
 answers, out of 64, and a few episodes.
 
-    python bench/tool_openings.py --model smollm2-135m-instruct [--out FILE.json]
+    python bench/probes/tool_openings.py --model smollm2-135m-instruct [--out FILE.json]
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ sequence's (70 queries on 70 keys, with and without a mask). Per contender the m
 forward + backward (`--reps` rounds of 10 calls, the contenders' order fixed within a round), and the
 same without a graph (a no-grad forward: a prefill, the π_old forward).
 
-    python bench/attention_train.py [--rows 16] [--threads 2] [--out bench/results-attention-train.json]
+    python bench/probes/attention_train.py [--rows 16] [--threads 2] [--out bench/results/attention-train.json]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.rg_screen import cpu_name  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 """What one more row costs a decoding step: ms per generated token position against batch width.
 
-    python bench/decode_width.py --model ~/.cache/llmrl/gguf/SmolLM2-135M-Instruct.Q4_1-<hash> \
-        [--rows 16,32,48,64] [--reps 3] [--threads 2] [--out bench/results-decode-width.json]
+    python bench/probes/decode_width.py --model ~/.cache/llmrl/gguf/SmolLM2-135M-Instruct.Q4_1-<hash> \
+        [--rows 16,32,48,64] [--reps 3] [--threads 2] [--out bench/results/decode-width.json]
 
 The model with LoRA r=16 on q,k,v,o (B initialised to small random values so the adapter is not a
 no-op), a 50-token prompt per row, prefilled once with the KV cache, then `--tokens` greedy decoding

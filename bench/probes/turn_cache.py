@@ -8,7 +8,7 @@ zero-initialised): `--rounds` times each way, alternating (fresh, cached, fresh,
 the median seconds per batch of each, their ratio, the tokens each prefilled, and whether the two drew
 the same episodes (tokens equal, log-probs within --atol).
 
-    python bench/turn_cache.py --model smollm2-135m-instruct [--rounds 3] [--out FILE.json]
+    python bench/probes/turn_cache.py --model smollm2-135m-instruct [--rounds 3] [--out FILE.json]
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Two measurements, each alternating its two contenders (the order swapped every r
    model (LoRA r=16 on q,k,v,o, B ~ N(0, 0.01²)) with `pack=False` and `pack=True`, per dtype, with the
    actor merged where it merges (float32); whether the sampled tokens are the same.
 
-    python bench/packed_decode.py --model <SmolLM2 folder> --out bench/results-packed-decode.json
+    python bench/probes/packed_decode.py --model <SmolLM2 folder> --out bench/results/packed-decode.json
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from merged_decode import _request, _stack  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: `bench.common`
+from bench.common import lora_stack, random_request  # noqa: E402
 
 from llmrl.engines.hf import HFEngine  # noqa: E402
 
@@ -53,17 +53,17 @@ def products(dtype: torch.dtype, rows: int, reps: int) -> dict[str, float]:
 
 
 def generations(model: str, dtype: torch.dtype, rows: int, tokens: int, reps: int) -> dict:
-    stack = _stack(model, dtype, ["q_proj", "k_proj", "v_proj", "o_proj"])
+    stack = lora_stack(model, dtype, ["q_proj", "k_proj", "v_proj", "o_proj"])
     vocab = stack.lm.config.vocab_size
     engines = {"plain": HFEngine(stack, [vocab + 7], 0, pack=False), "packed": HFEngine(stack, [vocab + 7], 0, pack=True)}
-    engines["plain"].generate(_request(vocab, 8, 4, 99))  # warm-up
+    engines["plain"].generate(random_request(vocab, 8, 4, 99))  # warm-up
     seconds: dict[str, list[float]] = {k: [] for k in engines}
     same = True
     for rep in range(reps):
         out = {}
         for name in list(engines) if rep % 2 == 0 else list(engines)[::-1]:
             started = time.perf_counter()
-            out[name] = engines[name].generate(_request(vocab, rows, tokens, rep))
+            out[name] = engines[name].generate(random_request(vocab, rows, tokens, rep))
             seconds[name].append(time.perf_counter() - started)
         same = same and torch.equal(out["plain"].response_ids, out["packed"].response_ids)
     med = {k: statistics.median(v) for k, v in seconds.items()}

@@ -1,6 +1,6 @@
 """The top-k critic (`lora.critic_layers`) on a PPO step: bench/profile_step.py per variant, alternated.
 
-    python bench/critic_layers.py [--layers all,4,2] [--reps 2] [--steps 3] [--out bench/results-critic-layers.json]
+    python bench/probes/critic_layers.py [--layers all,4,2] [--reps 2] [--steps 3] [--out bench/results/critic-layers.json]
 
 Each repetition runs every variant once, in turn, in its own subprocess (so a slow patch of a shared
 CPU hits them all); reported: per variant the median over repetitions of profile_step's medians
@@ -17,6 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+PROFILE_STEP = Path(__file__).resolve().parents[1] / "profile_step.py"  # bench/profile_step.py
+
 PPO = ["--set", "algo=ppo", "--set", "rollout.num_generations=1", "--set", "rollout.prompts_per_step=8",
        "--set", "kl.placement=reward", "--set", "kl.estimator=k1", "--set", "kl.beta=0.02"]
 KEYS = ("step", "update (forward + backward + AdamW)", "critic forward for the update (values, graph kept)",
@@ -26,7 +28,7 @@ KEYS = ("step", "update (forward + backward + AdamW)", "critic forward for the u
 def run(layers: str, steps: int) -> dict:
     out = Path(tempfile.mkdtemp(prefix="critic-layers-")) / "p.json"
     extra = [] if layers == "all" else ["--set", f"lora.critic_layers={layers}"]
-    subprocess.run([sys.executable, "bench/profile_step.py", "--steps", str(steps), *PPO, *extra, "--out", str(out)],
+    subprocess.run([sys.executable, str(PROFILE_STEP), "--steps", str(steps), *PPO, *extra, "--out", str(out)],
                    check=True, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
 

@@ -1,9 +1,9 @@
 """Does a model follow an answer convention at all? Greedy answers of the base model to reasoning-gym
 questions under several phrasings of the convention, scored the strict way (issue 28).
 
-    python bench/rg_convention_probe.py --model ~/.cache/llmrl/gguf/SmolLM2-135M-Instruct.Q4_1-<hash> \
+    python bench/probes/rg_convention_probe.py --model ~/.cache/llmrl/gguf/SmolLM2-135M-Instruct.Q4_1-<hash> \
         --tasks "chain_sum?max_terms=2&max_digits=2;gcd?max_value=20;products?max_digits=1;aiw" \
-        [--n 16] [--out bench/results-rg-convention.json]
+        [--n 16] [--out bench/results/rg-convention.json]
 
 For each variant, n questions per task (generator seed 7, not a run's split), the question + the
 variant's instruction as one chat user message (and, for the prefill variants, the assistant's reply
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.rg_screen import cpu_name  # noqa: E402
 from llmrl.tasks.rg import parse  # noqa: E402
 

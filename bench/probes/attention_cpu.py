@@ -8,7 +8,7 @@ decoding steps carry no mask) and padded (prompt i left-padded by 3·i mod 12 po
 Reported: the median seconds of one `HFEngine.generate` per dtype × batch × setting, the speed-up of
 'auto', and whether the sampled tokens are the same.
 
-    python bench/attention_cpu.py --model <SmolLM2 folder> --out bench/results-attention-cpu.json
+    python bench/probes/attention_cpu.py --model <SmolLM2 folder> --out bench/results/attention-cpu.json
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from merged_decode import _request, _stack  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: `bench.common`
+from bench.common import lora_stack, random_request  # noqa: E402
 
 from llmrl.engines.base import GenerationRequest  # noqa: E402
 from llmrl.engines.hf import HFEngine  # noqa: E402
@@ -33,7 +33,7 @@ SETTINGS = ("sdpa", "auto")
 
 
 def request(vocab: int, rows: int, tokens: int, rep: int, padded: bool) -> GenerationRequest:
-    r = _request(vocab, rows, tokens, rep)
+    r = random_request(vocab, rows, tokens, rep)
     if not padded:
         return r
     mask = r.prompt_mask.clone()
@@ -55,10 +55,10 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     rows = []
     for dtype in a.dtypes.split(","):
-        stack = _stack(a.model, getattr(torch, dtype), ["q_proj", "k_proj", "v_proj", "o_proj"])
+        stack = lora_stack(a.model, getattr(torch, dtype), ["q_proj", "k_proj", "v_proj", "o_proj"])
         vocab = stack.lm.config.vocab_size
         engine = HFEngine(stack, [vocab + 7], 0, merge=False)
-        engine.generate(_request(vocab, 8, 4, 99))  # warm-up
+        engine.generate(random_request(vocab, 8, 4, 99))  # warm-up
         for padded in (False, True):
             seconds: dict[str, list[float]] = {s: [] for s in SETTINGS}
             same = True
