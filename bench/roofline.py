@@ -2,7 +2,7 @@
 generation against the memory-bandwidth bound (issue 29).
 
     python bench/roofline.py [--recipe recipes/smollm2-135m-fast.yaml] [--steps 3] [--dtypes float32,bfloat16] \
-        [--set KEY=VALUE ...] [--check] [--profile] [--out bench/results/roofline.json]
+        [--set KEY=VALUE ...] [--check] [--profile] [--out OUT.json]
 
 Without --recipe it measures the built-in default (`llmrl train` with no arguments: tiny, PPO).
 With `--set rollout.engine=vllm` (run by `.venv-vllm/bin/python`) generation happens in vLLM, which no
