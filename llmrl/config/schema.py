@@ -47,6 +47,11 @@ class ModelConfig:
         True, "run each distinct prompt once per forward and let all its samples attend to its key/value "
         "cache (when that saves at least half the prompt work, e.g. GRPO groups); same numbers up to float rounding",
     )
+    length_buckets: bool = opt(
+        True, "run a batch's rows in groups of like response length, each trimmed of the padding its rows share, "
+        "where that saves more positions than a forward call costs (llmrl/models/buckets.py); same numbers up to "
+        "float rounding; not with dist.shard_base (its forwards are collectives every process runs alike)",
+    )
     logits_chunk_mib: float = opt(
         64.0, "float32 logits the log-prob forwards and the update hold at once, in MiB: the response positions "
         "run through the LM head in chunks that fit, and the backward recomputes a chunk instead of keeping it "

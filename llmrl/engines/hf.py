@@ -102,10 +102,12 @@ def generate(
     model = stack.lm
     attention = prompt_mask.long()
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    cache = ReservedCache(max_new_tokens) if cache is None else cache  # room for every new token: no torch.cat per token
     groups = distinct_prompts(prompt_ids, prompt_mask) if stack.share_prompts else None
+    # the common opening once, unless the caller keeps the cache (it counts the prompt's columns as laid out)
+    opening = stack.opening(prompt_ids, prompt_mask, groups) if stack.share_prompts and cache is None else 0
+    cache = ReservedCache(max_new_tokens) if cache is None else cache  # room for every new token: no torch.cat per token
     with decoding_kernels(model, prompt_ids.shape[0], pack):
-        logits = shared_prefill(model, prompt_ids, attention, positions, cache, groups)
+        logits, attention = shared_prefill(model, prompt_ids, attention, positions, cache, groups, opening)
         return decode(model, logits, cache, attention, positions[:, -1:], max_new_tokens=max_new_tokens,
                       eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p, uniforms=uniforms,
                       logprobs=logprobs, all_done=all_done)

@@ -15,6 +15,16 @@ receive the prompt positions' gradient summed over the samples that share them.
 
 Sharing is used only when it saves at least half of the prompt work (U ≤ N / 2), so batches of
 distinct prompts (PPO's default: one sample per prompt) keep the single plain forward, bit for bit.
+
+A chat template puts the same opening before every prompt (Qwen2.5's default system message is 30 of
+the 37 tokens of "What is 12+14?"). The k tokens every row starts with (`common_prefix`) go one level
+higher: computed once, for one row, before everything else,
+
+    0. decoder(opening)                   → a KV cache of length k, 1 row, gathered to U (or N) rows
+
+and each row's own copy of them is hidden from the later steps by its attention mask (positions are
+each row's own, so the rotary phases are those of the plain forward). Used when it saves more
+positions, k · (rows − 1), than a forward call costs (`buckets.call_positions`).
 """
 
 from __future__ import annotations
@@ -66,31 +76,73 @@ def distinct_prompts(prompt_ids: Tensor, prompt_mask: Tensor) -> PromptGroups | 
     return PromptGroups(first, inverse)
 
 
+def common_prefix(prompt_ids: Tensor, prompt_mask: Tensor) -> int:
+    """k: how many leading real tokens all rows of a left-padded (N, P) batch share, at most the
+    shortest prompt's length − 1 (every row keeps a last prompt position of its own)."""
+    lengths = prompt_mask.long().sum(-1)
+    shortest = int(lengths.min()) if prompt_ids.shape[0] else 0
+    if shortest <= 1 or prompt_ids.shape[0] < 2:
+        return 0
+    p = prompt_ids.shape[1]
+    cols = (p - lengths)[:, None] + torch.arange(shortest - 1, device=prompt_ids.device)[None]
+    aligned = prompt_ids.gather(1, cols)  # (N, shortest − 1): each row's tokens from its first real one
+    same = (aligned == aligned[:1]).all(0).long()
+    return int(same.cumprod(0).sum())
+
+
+def _open(module: nn.Module, ids: Tensor, attention: Tensor, positions: Tensor, p: int, k: int, rows: int,
+          cache: DynamicCache) -> tuple[int, Tensor]:
+    """Step 0: the `k`-token opening fed once into `cache` and gathered to `rows` rows (nothing for
+    k = 0). Returns r, the prompt columns after the opening, and the attention (N, k + r + T) of
+    every later call: the opening, then each row's columns from P − r with its own copy hidden."""
+    lengths = attention[:, :p].sum(-1)
+    r = int((lengths - k).max())
+    att = attention[:, p - r :].clone()
+    if k:
+        att[:, :r] *= (torch.arange(p - r, p, device=ids.device)[None] >= (p - lengths + k)[:, None]).long()
+        s0 = p - int(lengths[0])
+        module(input_ids=ids[:1, s0 : s0 + k], attention_mask=attention[:1, s0 : s0 + k],
+               position_ids=positions[:1, s0 : s0 + k], **with_cache(module, cache))
+        cache.reorder_cache(torch.zeros(rows, dtype=torch.long, device=ids.device))
+    return r, torch.cat([att.new_ones(att.shape[0], k), att], dim=1)
+
+
 def shared_prefix_hidden(decoder: nn.Module, ids: Tensor, attention: Tensor, positions: Tensor,
-                         prompt_len: int, groups: PromptGroups) -> Tensor:
+                         prompt_len: int, groups: PromptGroups | None, opening: int = 0) -> Tensor:
     """Last hidden states at the positions that predict the response tokens, (N, T, H), computing
-    each distinct prompt once. ids, attention, positions: (N, P+T) as in `stack.Sequences`."""
-    p, first = prompt_len, groups.first
+    the `opening` tokens every row starts with once (k, from `common_prefix`; 0: none) and each
+    distinct prompt of `groups` once (None: every row's prompt is its own). ids, attention,
+    positions: (N, P+T) as in `stack.Sequences`. With k = 0 the calls are those of steps 1-3."""
+    p, k = prompt_len, opening
     cache = DynamicCache()
-    head = decoder(input_ids=ids[first, :p], attention_mask=attention[first, :p],
-                   position_ids=positions[first, :p], **with_cache(decoder, cache))
+    rows = ids.shape[0] if groups is None else groups.first.shape[0]
+    r, full = _open(decoder, ids, attention, positions, p, k, rows, cache)
+    if groups is None:
+        out = decoder(input_ids=ids[:, p - r :], attention_mask=full, position_ids=positions[:, p - r :],
+                      **with_cache(decoder, cache))
+        return out.last_hidden_state[:, r - 1 : -1]
+    first = groups.first
+    head = decoder(input_ids=ids[first, p - r : p], attention_mask=full[first, : k + r],
+                   position_ids=positions[first, p - r : p], **with_cache(decoder, cache))
     cache.reorder_cache(groups.inverse)
-    tail = decoder(input_ids=ids[:, p:], attention_mask=attention, position_ids=positions[:, p:],
+    tail = decoder(input_ids=ids[:, p:], attention_mask=full, position_ids=positions[:, p:],
                    **with_cache(decoder, cache))
     last_prompt = head.last_hidden_state[:, -1:].index_select(0, groups.inverse)
     return torch.cat([last_prompt, tail.last_hidden_state[:, :-1]], dim=1)
 
 
 def shared_prefill(model: nn.Module, prompt_ids: Tensor, attention: Tensor, positions: Tensor,
-                   cache: DynamicCache, groups: PromptGroups | None) -> Tensor:
-    """Fill `cache` with the prompts' keys and values, each distinct prompt computed once, and
-    return the logits of every row's last prompt position, (N, 1, V)."""
-    if groups is None:
-        out = model(input_ids=prompt_ids, attention_mask=attention, position_ids=positions,
-                    logits_to_keep=1, **with_cache(model, cache))
-        return out.logits
-    first = groups.first
-    out = model(input_ids=prompt_ids[first], attention_mask=attention[first], position_ids=positions[first],
+                   cache: DynamicCache, groups: PromptGroups | None, opening: int = 0) -> tuple[Tensor, Tensor]:
+    """Fill `cache` with the prompts' keys and values, the common opening (k tokens) once and each
+    distinct prompt once, and return the logits of every row's last prompt position, (N, 1, V), and
+    the attention (N, k + r) over the cache that decoding continues from (the prompt mask when k = 0)."""
+    p = prompt_ids.shape[1]
+    rows = prompt_ids.shape[0] if groups is None else groups.first.shape[0]
+    r, full = _open(model, prompt_ids, attention, positions, p, opening, rows, cache)
+    first = slice(None) if groups is None else groups.first
+    out = model(input_ids=prompt_ids[first, p - r :], attention_mask=full[first], position_ids=positions[first, p - r :],
                 logits_to_keep=1, **with_cache(model, cache))
+    if groups is None:
+        return out.logits, full
     cache.reorder_cache(groups.inverse)
-    return out.logits.index_select(0, groups.inverse)
+    return out.logits.index_select(0, groups.inverse), full

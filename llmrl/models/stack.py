@@ -22,7 +22,6 @@ e.g. norms) are float32 master weights, like peft's LoRA weights (masters.py).
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Iterator
 
 import torch
@@ -35,35 +34,16 @@ from transformers import PreTrainedModel
 
 from ..config.schema import LoraConfig
 from ..errors import ConfigError
+from .buckets import bucketed, model_call_positions
+from .sequences import Sequences, layout  # noqa: F401  (re-exported: the layout's home was here)
 from .checkpointing import checkpoint_layers
 from .decoding import wide
 from .logprobs import CHUNK_MIB, at_least_float32, chunk_positions, tempered, token_stats
 from .masters import float32_masters, release
-from .prefix import distinct_prompts, shared_prefix_hidden
+from .prefix import PromptGroups, common_prefix, distinct_prompts, shared_prefix_hidden
 from .top_layers import capture_layer_input, decoder_layers, from_layer, layer_input
 
 ROLES = ("actor", "critic", "reference")
-
-
-@dataclass(frozen=True)
-class Sequences:
-    """A prompt+response batch laid out for one forward pass.
-
-    ids (N, P+T) long; attention (N, P+T) long (0 at left prompt padding and right response padding);
-    positions (N, P+T) long, counted from each row's first real token; prompt_len P.
-    """
-
-    ids: Tensor
-    attention: Tensor
-    positions: Tensor
-    prompt_len: int
-
-
-def layout(prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor) -> Sequences:
-    """Concatenate left-padded prompts and right-padded responses into one forward-ready batch."""
-    attention = torch.cat([prompt_mask, response_mask], dim=1).long()
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    return Sequences(torch.cat([prompt_ids, response_ids], dim=1), attention, positions, prompt_ids.shape[1])
 
 
 def lora_settings(cfg: LoraConfig) -> PeftLoraConfig:
@@ -132,9 +112,12 @@ class PolicyStack(nn.Module):
     """
 
     def __init__(self, base: PreTrainedModel, lora: LoraConfig, with_critic: bool, share_prompts: bool = True,
-                 logits_chunk_mib: float = CHUNK_MIB, activation_checkpointing: bool = False) -> None:
+                 logits_chunk_mib: float = CHUNK_MIB, activation_checkpointing: bool = False,
+                 length_buckets: bool = False) -> None:
         super().__init__()
         self.share_prompts = share_prompts
+        self.length_buckets = length_buckets  # rows run in groups of like length (buckets.py)
+        self.call_cost = model_call_positions(base)  # a forward call's cost in positions (buckets.py)
         self.checkpointing = activation_checkpointing  # gradient forwards recompute each layer (checkpointing.py)
         head = base.get_output_embeddings()
         vocab = head.weight.shape[0] if head is not None else base.config.get_text_config().vocab_size
@@ -285,14 +268,37 @@ class PolicyStack(nn.Module):
         groups = distinct_prompts(seq.ids[:, :p], seq.attention[:, :p]) if shared else None
         decoder = self.lm.get_decoder()
         with capture_layer_input(decoder, self.critic_start, keep is not None) as parts:
-            if groups is not None:
-                h = shared_prefix_hidden(decoder, seq.ids, seq.attention, seq.positions, p, groups)
-            else:
+            if groups is not None:  # a kept layer input is put together from exactly two calls
+                opening = 0 if keep is not None else self.opening(seq.ids[:, :p], seq.attention[:, :p], groups)
+                h = shared_prefix_hidden(decoder, seq.ids, seq.attention, seq.positions, p, groups, opening)
+            elif keep is not None:
                 h = self._plain(seq)[:, p - 1 : -1]
-                h = h.contiguous() if wide(h) else h  # not a copy of W per row in the LM head (models/decoding.py)
+            else:
+                h = bucketed(lambda part: self._responses(part, shared), seq, self.call_cost) if self.length_buckets else None
+                h = self._responses(seq, shared) if h is None else h
+            h = h.contiguous() if wide(h) else h  # not a copy of W per row in the LM head (models/decoding.py)
         if keep is not None:  # shared prompts: the distinct prompts' part, then every row's response part
             keep.append(parts[0] if groups is None else torch.cat([parts[0][groups.inverse], parts[1]], dim=1))
         return h
+
+    def opening(self, prompt_ids: Tensor, prompt_mask: Tensor, groups: PromptGroups | None = None) -> int:
+        """k of `common_prefix` over the prompts (N, P) (of `groups`' distinct prompts when given) when
+        computing it once saves more positions, k · (rows − 1), than a forward call costs; else 0
+        (models/prefix.py)."""
+        if groups is not None:
+            prompt_ids, prompt_mask = prompt_ids[groups.first], prompt_mask[groups.first]
+        k = common_prefix(prompt_ids, prompt_mask)
+        return k if k * (prompt_ids.shape[0] - 1) > self.call_cost else 0
+
+    def _responses(self, seq: Sequences, shared: bool) -> Tensor:
+        """(N, T, H) at the positions predicting the response tokens: one plain forward, or with the
+        prompts' common opening computed once when `shared` and worth it."""
+        p = seq.prompt_len
+        opening = self.opening(seq.ids[:, :p], seq.attention[:, :p]) if shared else 0
+        if opening:
+            return shared_prefix_hidden(self.lm.get_decoder(), seq.ids, seq.attention, seq.positions,
+                                        seq.prompt_len, None, opening)
+        return self._plain(seq)[:, seq.prompt_len - 1 : -1]
 
     def _plain(self, seq: Sequences) -> Tensor:
         """The decoder's last hidden state at every position, (N, P+T, H), in one plain forward."""

@@ -43,4 +43,5 @@ def shard_base(stack: PolicyStack, dist: DistContext) -> DistContext:
     for layer in stack.lm.get_decoder().layers:
         fully_shard(layer, mesh=mesh, ignored_params={p for p in layer.parameters() if p in trainable})
     stack.share_prompts = False  # every forward is a collective: all ranks must make the same calls
+    stack.length_buckets = False  # nor length groups (models/buckets.py), whose number differs by rank
     return replace(dist, lockstep=True)

@@ -136,7 +136,8 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
     seed_everything(config.seed)
     stack = PolicyStack(base, config.lora, with_critic=spec.needs.critic, share_prompts=config.model.share_prompts,
                         logits_chunk_mib=config.model.logits_chunk_mib,
-                        activation_checkpointing=config.update.activation_checkpointing)
+                        activation_checkpointing=config.update.activation_checkpointing,
+                        length_buckets=config.model.length_buckets and not config.dist.shard_base)
     dist.broadcast_parameters([p for role in stack.trainable_roles() for p in stack.parameters_of(role)])
     if config.dist.shard_base:
         from ..parallel.fsdp import shard_base  # late: only runs that ask for it
