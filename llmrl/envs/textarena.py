@@ -111,7 +111,7 @@ class TextArenaEnv:
             random.setstate(outer)
 
     def reset(self, row: dict[str, Any], seed: int) -> list[Message]:
-        """Open the game of the row's `ta_seed` (the episode key `seed` when the row has none)."""
+        """Open the game of the row's `ta_seed` (the row's game key `seed` when the row has none)."""
         ta = require()
         game_seed = int(row.get("ta_seed", seed))
         self.random.seed(game_seed)
