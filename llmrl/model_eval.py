@@ -17,6 +17,7 @@ from typing import Any
 from .config import Config, load_config
 from .engines import build_engine
 from .envs import ENVS, EnvSpec, resolve_env
+from .envs.checks import preflight
 from .errors import ConfigError
 from .run.actor import load_actor
 from .run.evaluate import evaluate, evaluate_episodes, evaluate_sampled, evaluate_sampled_episodes, with_groups
@@ -142,11 +143,14 @@ def eval_model(
 
 
 def _environment(name: str | None, cfg: Config, task: Task) -> EnvSpec | None:
-    """The environment of the evaluation: --env, else the run's rollout.env, else the task's own."""
+    """The environment of the evaluation: --env, else the run's rollout.env, else the task's own. One is
+    built and its tools() checked before any episode, as `llmrl train` does (envs/checks.preflight: exit 2)."""
     chosen = name or cfg.rollout.env or task.env
     if chosen is None:
         return None
-    return resolve_env(chosen, timeout_s=cfg.rollout.tool_timeout_s) if chosen in ENVS else resolve_env(chosen)
+    spec = resolve_env(chosen, timeout_s=cfg.rollout.tool_timeout_s) if chosen in ENVS else resolve_env(chosen)
+    preflight(spec)
+    return spec
 
 
 def _eval_episodes(model: str, target: EvalTarget, chosen: Task, rows: list[dict[str, Any]], engine: Any,

@@ -47,9 +47,69 @@ class NaNReward(Plain):
         return EnvStep(reward=float("nan") if STEPS[0] > 4 else 0.5, done=True)
 
 
+class BadLater(Plain):
+    """Rewards 0.5 for step 1's four episodes, then the EnvStep `bad()` makes."""
+
+    def step(self, text, calls):
+        STEPS[0] += 1
+        return self.bad() if STEPS[0] > 4 else EnvStep(reward=0.5, done=True)
+
+
+class InfReward(BadLater):
+    def bad(self):
+        return EnvStep(reward=float("inf"), done=True)
+
+
+class DoneYes(BadLater):
+    def bad(self):
+        return EnvStep(reward=0.5, done="yes")
+
+
+class TextMessages(BadLater):
+    def bad(self):
+        return EnvStep(messages="higher", reward=0.5)
+
+
+class MoreErrors(BadLater):
+    def bad(self):
+        return EnvStep(reward=0.5, done=True, tool_calls=1, tool_errors=2)
+
+
 class NeedsArg(Plain):
     def __init__(self, size):
         self.size = size
+
+
+class Boom(Plain):
+    def __init__(self):
+        raise RuntimeError("no boards left")
+
+
+PLAYING = [False]
+
+
+class BreaksOnceItPlays(Plain):
+    """Builds until a game is reset with a real key (the setup sizes prompts with key 0), then raises."""
+
+    def __init__(self):
+        if PLAYING[0]:
+            raise RuntimeError("the board is taken")
+
+    def reset(self, row, seed):
+        PLAYING[0] = PLAYING[0] or seed != 0
+        return super().reset(row, seed)
+
+
+class ResetLater(Plain):
+    """A good opening for the setup's sizing (key 0), the prompt's text for a real game."""
+
+    def reset(self, row, seed):
+        return super().reset(row, seed) if seed == 0 else row["prompt"]
+
+
+class ToolsRaise(Plain):
+    def tools(self):
+        raise ValueError("no schemas today")
 
 
 class Tools42(Plain):
@@ -166,6 +226,43 @@ def test_an_environment_reward_of_nan_stops_the_run_at_its_source(tiny_model_dir
     assert [r["step"] for r in rows] == [1] and rows[0]["skipped_updates"] == 0
 
 
+@pytest.mark.parametrize(("env", "returned"), [
+    ("InfReward", "the reward inf from step (episode 0, turn 1); a reward is a finite number within float32's range "
+                  "(|r| ≤ 3.403e+38)."),
+    ("DoneYes", "done='yes' from step (episode 0, turn 1); done is True or False."),
+    ("TextMessages", "EnvStep(messages=the str 'higher') from step (episode 0, turn 1); messages is a list of "
+                     "{role: str, content: str} messages."),
+    ("MoreErrors", "tool_calls=1, tool_errors=2 from step (episode 0, turn 1); both are whole numbers ≥ 0, "
+                   "tool_errors ≤ tool_calls."),
+], ids=["inf-reward", "done-not-bool", "messages-not-a-list", "more-errors-than-calls"])
+def test_a_bad_step_field_stops_the_run_at_its_source(tiny_model_dir: Path, plugins: Path, tmp_path: Path, env: str,
+                                                      returned: str) -> None:
+    """The docs/errors.md rows of `step`'s reward (±inf) and its other fields, at step 2 of a real run."""
+    out = tmp_path / "r"
+    line = _one_sentence(*_train(tiny_model_dir, plugins, out, "--env", f"envs.py:{env}", "--set", "eval.size=0"), 1,
+                         f"Environment 'envs.py:{env}' returned {returned} Training state after step 1 is checkpointed")
+    assert line.endswith(f"continue with: llmrl train --resume {out}")
+    assert [p.name for p in list_checkpoints(out)] == ["step-000001"]
+
+
+@pytest.mark.parametrize(("env", "sentence"), [
+    ("BreaksOnceItPlays", "Environment 'envs.py:BreaksOnceItPlays' cannot be built with no argument: RuntimeError: the "
+                          "board is taken (episode 1)."),
+    ("ResetLater", "Environment 'envs.py:ResetLater' returned the str "),
+], ids=["construction", "reset"])
+def test_an_environment_that_fails_to_start_an_episode_during_the_run_stops_it(
+        tiny_model_dir: Path, plugins: Path, tmp_path: Path, env: str, sentence: str) -> None:
+    """Construction and reset pass the checks before the run (one object; every row's opening with key 0),
+    then fail in step 1's episodes: exit 1, nothing trained yet."""
+    out = tmp_path / "r"
+    line = _one_sentence(*_train(tiny_model_dir, plugins, out, "--env", f"envs.py:{env}", "--set", "eval.size=0"), 1,
+                         sentence)
+    if env == "ResetLater":
+        assert "from reset (episode 0), not a non-empty list of {role: str, content: str} messages." in line
+    assert line.endswith("No checkpoint was written yet; fix the cause and start again with --overwrite.")
+    assert list_checkpoints(out) == []
+
+
 def test_a_tools_result_that_is_neither_text_nor_json_stops_the_run(tiny_model_dir: Path, plugins: Path,
                                                                      tmp_path: Path) -> None:
     out = tmp_path / "tool"
@@ -231,7 +328,9 @@ def _refused(model: Path, plugins: Path, out: Path, *args: str) -> str:
                 "schemas, each {{'type': 'function', 'function': {{'name': str, 'parameters': {{...}}}}}}."),
     ("NotSchemas", "Environment '{p}:NotSchemas' returned from tools() a list whose item 0 is {{'not': 'a schema'}}, "
                    "not a tool schema {{'type': 'function', 'function': {{'name': str, 'parameters': {{...}}}}}}."),
-])
+    ("Boom", "Environment '{p}:Boom' cannot be built with no argument: RuntimeError: no boards left."),
+    ("ToolsRaise", "Environment '{p}:ToolsRaise' raised ValueError in tools(): no schemas today."),  # was: exit 1
+], ids=["NeedsArg", "Tools42", "NotSchemas", "Boom", "ToolsRaise"])
 def test_an_environment_that_cannot_be_built_or_offers_no_schemas_is_refused_before_the_run(
         tiny_model_dir: Path, plugins: Path, tmp_path: Path, env: str, sentence: str) -> None:
     """Was: the last resort's 'failed with TypeError … (an error llmrl did not expect)' / exit 0, tools never read."""
@@ -239,6 +338,18 @@ def test_an_environment_that_cannot_be_built_or_offers_no_schemas_is_refused_bef
     line = _refused(tiny_model_dir, plugins, tmp_path / "r", "--env", f"{path}:{env}")
     assert line == "error: " + sentence.format(p=path)
     assert not (tmp_path / "r").exists()  # refused before the run folder is made
+
+
+@pytest.mark.parametrize("env", ["NeedsArg", "Tools42", "ToolsRaise"])
+def test_llmrl_eval_refuses_an_environment_that_cannot_be_built_or_offers_no_schemas(tiny_model_dir: Path,
+                                                                                     plugins: Path, env: str) -> None:
+    """`llmrl eval --env` checks the environment as `llmrl train` does, before any episode: exit 2 (was: 1,
+    from the first episode)."""
+    path = plugins / "envs.py"
+    code, stdout, err = cli_run(["eval", "--model", str(tiny_model_dir), "--size", "2", "--samples", "0",
+                                 "--env", f"{path}:{env}"])
+    line = _one_sentence(code, stdout, err, 2, f"Environment '{path}:{env}' ")
+    assert "(episode" not in line
 
 
 def test_a_bad_value_in_the_first_evaluation_is_found_before_the_first_step(tiny_model_dir: Path, plugins: Path,
@@ -276,19 +387,13 @@ def test_a_dataset_answer_a_built_in_reward_cannot_read_is_refused(tiny_model_di
 # --- a run that applied no update says so ---------------------------------------------------------
 
 def test_a_run_whose_every_pass_was_skipped_says_so_and_fails(tiny_model_dir: Path, plugins: Path,
-                                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+                                                              tmp_path: Path) -> None:
     """A policy loss whose gradient is NaN (finite loss: nothing to refuse at the source) on 2 steps,
     fewer than update.max_bad_steps: was exit 0 and nothing said; now the summary and the last line say
-    no update was applied and why, exit 1."""
-    import llmrl.losses as losses
-
-    monkeypatch.syspath_prepend(str(plugins))
-    monkeypatch.setattr(losses, "POLICY_LOSSES", dict(losses.POLICY_LOSSES))  # bad_loss's losses leave with the test
-    monkeypatch.delitem(sys.modules, "bad_loss", raising=False)
+    no update was applied and why, exit 1 (a real subprocess)."""
     out = tmp_path / "r"
-    code, stdout, err = cli_run(["train", "--model", str(tiny_model_dir), "--steps", "2", "--out", str(out), *TINY_RUN,
-                                 "--set", "update.policy_loss_module=bad_loss", "--set", "update.policy_loss=nan_grad",
-                                 "--set", "eval.size=0"])
+    code, stdout, err = _train(tiny_model_dir, plugins, out, "--set", "update.policy_loss_module=bad_loss", "--set",
+                               "update.policy_loss=nan_grad", "--set", "eval.size=0")
     line = _one_sentence(code, stdout, err, 1, "No update was applied in the run's 2 steps: every actor update pass of "
                                                "all 2 steps had a non-finite loss or gradient and was skipped")
     assert line.endswith(f"the adapters saved in {out} are the initial ones.")
@@ -297,14 +402,14 @@ def test_a_run_whose_every_pass_was_skipped_says_so_and_fails(tiny_model_dir: Pa
     assert stdout.strip().splitlines()[-1].startswith("No update was applied: every actor update pass")
 
 
-def test_a_run_whose_every_group_was_dropped_says_so_and_succeeds(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_a_run_whose_every_group_was_dropped_says_so_and_succeeds(tiny_model_dir: Path, plugins: Path,
+                                                                  tmp_path: Path) -> None:
     """Dynamic sampling with a reward that is the same for every sample (length_penalty under its target):
-    every group is dropped, legitimately; exit 0, and the summary and the last line say so."""
+    every group is dropped, legitimately; exit 0, and the summary and the last line say so (a real subprocess)."""
     out = tmp_path / "r"
-    code, stdout, err = cli_run(["train", "--model", str(tiny_model_dir), "--steps", "2", "--out", str(out), *TINY_RUN,
-                                 "--algo", "grpo", "--reward", "length_penalty", "--set", "rollout.filter_groups=true",
-                                 "--set", "eval.size=0"])
-    assert code == 0, (stdout[-2000:], err[-2000:])
+    code, stdout, err = _train(tiny_model_dir, plugins, out, "--algo", "grpo", "--reward", "length_penalty", "--set",
+                               "rollout.filter_groups=true", "--set", "eval.size=0")
+    assert code == 0 and "Traceback" not in stdout + err, (stdout[-2000:], err[-2000:])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["updates_applied"] == 0 and summary["no_update"].startswith("dynamic sampling (rollout.filter_groups) "
                                                                                "dropped every group of all 2 steps")

@@ -185,6 +185,7 @@ def later(misbehave):
 quits = later(lambda c: sys.exit(0))
 quits3 = later(lambda c: sys.exit(3))
 huge = later(lambda c: [1e39] * len(c))
+nan = later(lambda c: [float("nan")] * len(c))
 '''
 
 
@@ -192,6 +193,7 @@ huge = later(lambda c: [1e39] * len(c))
     ("quits", "called sys.exit(0)."),  # was: exit 0, no summary, nothing printed
     ("quits3", "called sys.exit(3)."),  # was: exit 3, nothing printed
     ("huge", "returned 1e+39 for completion 0, beyond the float32 range"),  # was: skipped updates, blamed the loss
+    ("nan", "returned NaN or infinity (nan for completion 0)."),
 ])
 def test_a_misbehaving_reward_stops_the_real_cli_with_a_checkpoint(tiny_model_dir: Path, tmp_path: Path,
                                                                    name: str, message: str) -> None:

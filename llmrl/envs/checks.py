@@ -50,18 +50,22 @@ def build(spec: EnvSpec, episode: int | None = None) -> Any:
 def preflight(spec: EnvSpec) -> None:
     """Before the run folder is made: build one environment and check what its tools() returns (exit 2)."""
     env = build(spec)
-    check_tools(spec.name, call_tools(spec.name, env), before=True)
+    check_tools(spec.name, call_tools(spec.name, env, before=True), before=True)
 
 
-def call_tools(name: str, env: Any) -> Any:
-    """What `env.tools()` returns (None when the class has no `tools`); raising is named like a bad value."""
+def call_tools(name: str, env: Any, before: bool = False, episode: int | None = None) -> Any:
+    """What `env.tools()` returns (None when the class has no `tools`); raising is named like a bad value
+    (exit 2 when `before`, as `check_tools`)."""
     tools = getattr(env, "tools", None)
     if not callable(tools):
         return None
     try:
         return tools()
-    except Exception as exc:
-        raise PluginError(f"Environment '{name}' raised {type(exc).__name__} in tools(): {exc}.") from None
+    except Exception as exc:  # the user's tools(): one sentence, never a traceback
+        text = str(exc).strip().splitlines()[0].rstrip(".") if str(exc).strip() else ""
+        where = f" (episode {episode})" if episode is not None else ""
+        raise PluginError(f"Environment '{name}' raised {type(exc).__name__} in tools(){where}"
+                          f"{': ' + text if text else ''}.", exit_code=2 if before else None) from None
 
 
 def check_tools(name: str, tools: Any, before: bool = False, episode: int | None = None) -> list[dict[str, Any]] | None:

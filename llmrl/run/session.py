@@ -201,7 +201,7 @@ def prompt_lengths(rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBas
         if error is not None:  # the user's environment: one sentence, never a traceback
             raise ConfigError(f"Environment '{env.name}' {error} in reset (row {i} of the {split} split).")
         opening = check_opening(env.name, opening, i, before=True)
-        tools = check_tools(env.name, call_tools(env.name, game), before=True, episode=i)
+        tools = check_tools(env.name, call_tools(env.name, game, before=True, episode=i), before=True, episode=i)
         out.append(len(prompt_ids(tokenizer, opening, tools, fmt)))
     return out
 

@@ -158,7 +158,7 @@ def _start(spec: EnvSpec, tokenizer: PreTrainedTokenizerBase, rows: Sequence[dic
         seed = int(keys[i] if getattr(env, "seed_per_episode", False) else games[i])
         opening = _call(spec, "reset", lambda: env.reset(rows[i // g], seed), i, cfg.env_timeout_s)
         opening = _named(lambda: check_opening(spec.name, opening, i))
-        tools = _named(lambda: check_tools(spec.name, call_tools(spec.name, env), episode=i))
+        tools = _named(lambda: check_tools(spec.name, call_tools(spec.name, env, episode=i), episode=i))
         prompt = prompt_ids(tokenizer, opening, tools, fmt)
         episodes.append(Episode(env, prompt, _cap(cfg, prompt, context)))
     return episodes, tools
