@@ -49,10 +49,10 @@ def run(model: str, name: str, steps: int, threads: int) -> dict:
     """One `llmrl train` command of `name`'s settings in a child process: its peak RSS, step times and
     first-step metrics."""
     sets, env = CONTENDERS[name]
-    out = tempfile.mkdtemp(prefix=f"bench-mem-{name}-")
-    rss_file = Path(out, "peak-rss-kib")
+    work = tempfile.mkdtemp(prefix=f"bench-mem-{name}-")
+    out, rss_file = str(Path(work, "run")), Path(work, "peak-rss-kib")
     cmd = ["/usr/bin/time", "-f", "%M", "-o", str(rss_file), sys.executable, "-m", "llmrl", "train", "--model", model, "--steps", str(steps), "--out", out,
-           "--overwrite", *BASE, "--set", f"threads={threads}"]
+           *BASE, "--set", f"threads={threads}"]
     for s in sets:
         cmd += ["--set", s]
     t0 = time.perf_counter()

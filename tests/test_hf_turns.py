@@ -62,10 +62,10 @@ def _engine() -> HFEngine:
     return HFEngine(_float32_stack(), stop, tok.pad_token_id)
 
 
-def _episodes(engine: HFEngine, reuse_cache: bool, greedy: bool = False):
+def _episodes(engine: HFEngine, reuse_cache: bool, greedy: bool = False, prompts: tuple[str, ...] = ("12+3=", "4+56=", "7*8=")):
     tok = build_char_tokenizer()
     cfg = RolloutConfig(max_new_tokens=4, max_turns=4, num_generations=4, temperature=1.0)
-    rows = [{"prompt": "12+3="}, {"prompt": "4+56="}, {"prompt": "7*8="}]
+    rows = [{"prompt": p} for p in prompts]
     return generate_episodes(engine, tok, EnvSpec("ragged", Ragged), rows, torch.tensor([0, 1, 2]), cfg=cfg, seed=5,
                              step=2, device=CPU, stop_ids=engine.stop_ids, logprobs=True,
                              greedy=greedy, reuse_cache=reuse_cache)
@@ -97,6 +97,29 @@ def test_cached_turns_give_the_tokens_and_logprobs_of_a_fresh_prefill_each_turn(
     assert multi[0][1] == prompt and all(s[1] <= 3 for s in multi[1:]) and len(multi) == max(turns)
     assert all(s[1] >= prompt for s in fresh_fed if s[1] > 1)
     assert sum(r * p for r, p in fed) < sum(r * p for r, p in fresh_fed)
+
+
+def test_cached_turns_continue_from_a_prefill_with_a_shared_opening() -> None:
+    # three prompts opening with "12" (k = 2 of the distinct prompts, computed once when a call costs
+    # less than the 2 · (3 − 1) positions it saves): the cache holds the opening once and each row's own
+    # copy as holes (hf_turns.prefilled_slots), and the later turns continue from it as from a fresh prefill
+    engine = _engine()
+    engine.stack.call_cost = 0.5
+    fed: list[tuple[int, int]] = []
+    hook = engine.stack.lm.model.embed_tokens.register_forward_hook(lambda m, args, out: fed.append(tuple(args[0].shape)))
+    prompts = ("12+3=", "12+56=", "12*8=")
+    fresh = _episodes(engine, reuse_cache=False, prompts=prompts)
+    cached = _episodes(engine, reuse_cache=True, prompts=prompts)
+    hook.remove()
+    assert (1, 2) in fed  # the opening "12", fed once for one row
+    assert max(cached.episodes.turns.tolist()) > 1
+    for name in ("response_ids", "response_mask", "context_mask"):
+        assert torch.equal(getattr(cached, name), getattr(fresh, name)), name
+    torch.testing.assert_close(cached.behaviour_logprobs, fresh.behaviour_logprobs, atol=1e-4, rtol=0)
+    engine.stack.call_cost = 10.0**9  # and the same episodes without the opening, to rounding
+    plain = _episodes(engine, reuse_cache=True, prompts=prompts)
+    assert torch.equal(plain.response_ids, cached.response_ids)
+    torch.testing.assert_close(plain.behaviour_logprobs, cached.behaviour_logprobs, atol=1e-4, rtol=0)
 
 
 def test_greedy_cached_turns_equal_fresh_ones() -> None:

@@ -18,7 +18,7 @@ from torch import Tensor
 from ..models.decoding import ReservedCache, skinny_head
 from ..models.merged import mergeable, merged_actor, merged_size
 from ..models.packed import packable, packed_linears, packed_size
-from ..models.prefix import distinct_prompts, shared_prefill, with_cache
+from ..models.prefix import PromptGroups, distinct_prompts, shared_prefill, with_cache
 from ..models.stack import PolicyStack, tempered, token_logprobs
 from ..models.tokenizer import stop_token_ids
 from ..parallel.distributed import SINGLE, DistContext
@@ -102,15 +102,23 @@ def generate(
     model = stack.lm
     attention = prompt_mask.long()
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    groups = distinct_prompts(prompt_ids, prompt_mask) if stack.share_prompts else None
-    # the common opening once, unless the caller keeps the cache (it counts the prompt's columns as laid out)
-    opening = stack.opening(prompt_ids, prompt_mask, groups) if stack.share_prompts and cache is None else 0
+    groups, opening = prefill_plan(stack, prompt_ids, prompt_mask)
     cache = ReservedCache(max_new_tokens) if cache is None else cache  # room for every new token: no torch.cat per token
     with decoding_kernels(model, prompt_ids.shape[0], pack):
         logits, attention = shared_prefill(model, prompt_ids, attention, positions, cache, groups, opening)
         return decode(model, logits, cache, attention, positions[:, -1:], max_new_tokens=max_new_tokens,
                       eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p, uniforms=uniforms,
                       logprobs=logprobs, all_done=all_done)
+
+
+def prefill_plan(stack: PolicyStack, prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[PromptGroups | None, int]:
+    """How `generate` prefills (N, P) prompts: the distinct prompts computed once (None: each row's
+    own) and the opening every prompt starts with, k tokens computed once before them (0: none);
+    both only with `stack.share_prompts` (models/prefix.py). What the cache then holds: `opened`."""
+    if not stack.share_prompts:
+        return None, 0
+    groups = distinct_prompts(prompt_ids, prompt_mask)
+    return groups, stack.opening(prompt_ids, prompt_mask, groups)
 
 
 def decode(model: Any, logits: Tensor, cache: ReservedCache, attention: Tensor, position: Tensor, *,
@@ -193,7 +201,7 @@ class HFEngine:
         """An episode batch's decoder that keeps every episode's KV cache from turn to turn
         (`hf_turns.CachedTurns`, given this module's decoding loop), so a turn prefills only what was
         added since the last."""
-        return CachedTurns(self, role, DecodingLoop(generate, decode, key_uniforms))
+        return CachedTurns(self, role, DecodingLoop(generate, decode, key_uniforms, prefill_plan))
 
     def sync(self, stack: Any) -> None:
         """Nothing to push: every call samples from the stack's current adapters."""

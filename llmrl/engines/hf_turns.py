@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from ..models.decoding import ReservedCache, skinny_head
-from ..models.prefix import with_cache
+from ..models.prefix import opened, with_cache
 from .base import Generation, SamplingSettings
 from .turns import left_pad
 
@@ -51,6 +51,16 @@ def match(slots: Slots, seq: Sequence[int]) -> tuple[list[int], int]:
     return keep, n
 
 
+def prefilled_slots(ids: Tensor, mask: Tensor, opening: int) -> list[Slots]:
+    """Per row of left-padded prompts (N, P), the token at each cache position after `generate`'s
+    prefill with a k-token opening (`models/prefix.opened`: the opening once, then each row's
+    columns with its own copy hidden), None for a hole."""
+    r, attention = opened(mask, opening)
+    first = ids.shape[1] - int(mask[0].sum())
+    columns = torch.cat([ids[:1, first : first + opening].expand(ids.shape[0], -1), ids[:, ids.shape[1] - r :]], dim=1)
+    return [[t if a else None for t, a in zip(c, at)] for c, at in zip(columns.tolist(), attention.tolist())]
+
+
 @dataclass(frozen=True)
 class DecodingLoop:
     """What the turns take from the `hf` engine's module, handed over by the engine (`HFEngine.turn_decoder`)
@@ -60,6 +70,7 @@ class DecodingLoop:
     generate: Callable[..., Generation]
     decode: Callable[..., Generation]
     key_uniforms: Callable[[Tensor, int], Tensor]
+    prefill_plan: Callable[..., tuple[Any, int]]  # (distinct prompts, the opening's k) of generate's prefill
 
 
 class CachedTurns:
@@ -86,7 +97,7 @@ class CachedTurns:
                                eos_id=engine.stop_ids, pad_id=engine.pad_id, temperature=settings.temperature,
                                top_p=settings.top_p, uniforms=uniforms, logprobs=logprobs,
                                all_done=engine.dist.all_done, cache=self.cache, pack=engine.pack)  # the rollout's path
-                self.slots = [[t if m else None for t, m in zip(r, k)] for r, k in zip(ids.tolist(), mask.tolist())]
+                self.slots = prefilled_slots(ids, mask, self.loop.prefill_plan(stack, ids.to(device), mask.to(device))[1])
             else:
                 gen = self._continue(episodes, sequences, settings, uniforms, logprobs)
         self.order = list(episodes)

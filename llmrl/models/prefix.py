@@ -90,21 +90,32 @@ def common_prefix(prompt_ids: Tensor, prompt_mask: Tensor) -> int:
     return int(same.cumprod(0).sum())
 
 
+def opened(prompt_mask: Tensor, k: int) -> tuple[int, Tensor]:
+    """What a prefill with a k-token opening leaves in the cache, for a left-padded (N, P) prompt
+    mask: r, the prompt columns kept after the opening, and the attention (N, k + r) long over the
+    cache: the opening, then each row's columns from P − r with its own copy of the opening hidden.
+    With k = 0: r = the longest prompt, the attention the mask's last r columns."""
+    p = prompt_mask.shape[1]
+    lengths = prompt_mask.long().sum(-1)
+    r = int((lengths - k).max())
+    att = prompt_mask[:, p - r :].long()
+    if k:
+        att = att * (torch.arange(p - r, p, device=att.device)[None] >= (p - lengths + k)[:, None]).long()
+    return r, torch.cat([att.new_ones(att.shape[0], k), att], dim=1)
+
+
 def _open(module: nn.Module, ids: Tensor, attention: Tensor, positions: Tensor, p: int, k: int, rows: int,
           cache: DynamicCache) -> tuple[int, Tensor]:
     """Step 0: the `k`-token opening fed once into `cache` and gathered to `rows` rows (nothing for
-    k = 0). Returns r, the prompt columns after the opening, and the attention (N, k + r + T) of
-    every later call: the opening, then each row's columns from P − r with its own copy hidden."""
-    lengths = attention[:, :p].sum(-1)
-    r = int((lengths - k).max())
-    att = attention[:, p - r :].clone()
+    k = 0). Returns r and the attention (N, k + r + T) of every later call (`opened`, then the
+    responses' columns)."""
+    r, head = opened(attention[:, :p], k)
     if k:
-        att[:, :r] *= (torch.arange(p - r, p, device=ids.device)[None] >= (p - lengths + k)[:, None]).long()
-        s0 = p - int(lengths[0])
+        s0 = p - int(attention[0, :p].sum())
         module(input_ids=ids[:1, s0 : s0 + k], attention_mask=attention[:1, s0 : s0 + k],
                position_ids=positions[:1, s0 : s0 + k], **with_cache(module, cache))
         cache.reorder_cache(torch.zeros(rows, dtype=torch.long, device=ids.device))
-    return r, torch.cat([att.new_ones(att.shape[0], k), att], dim=1)
+    return r, torch.cat([head, attention[:, p:].long()], dim=1)
 
 
 def shared_prefix_hidden(decoder: nn.Module, ids: Tensor, attention: Tensor, positions: Tensor,
