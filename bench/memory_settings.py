@@ -45,7 +45,7 @@ BASE = ["--task", "chat_sum", "--algo", "grpo", "--seed", "0", "--set", "rollout
 SAME = ("policy_loss", "kl", "entropy", "reward_mean", "tokens")
 
 
-def run(model: str, name: str, steps: int, threads: int) -> dict:
+def run(model: str, name: str, steps: int, threads: int, extra: list[str]) -> dict:
     """One `llmrl train` command of `name`'s settings in a child process: its peak RSS, step times and
     first-step metrics."""
     sets, env = CONTENDERS[name]
@@ -53,7 +53,7 @@ def run(model: str, name: str, steps: int, threads: int) -> dict:
     out, rss_file = str(Path(work, "run")), Path(work, "peak-rss-kib")
     cmd = ["/usr/bin/time", "-f", "%M", "-o", str(rss_file), sys.executable, "-m", "llmrl", "train", "--model", model, "--steps", str(steps), "--out", out,
            *BASE, "--set", f"threads={threads}"]
-    for s in sets:
+    for s in [*sets, *extra]:
         cmd += ["--set", s]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True)
@@ -77,12 +77,14 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an extra config override for every command (repeatable), e.g. rollout.max_new_tokens=8")
     args = ap.parse_args()
     names = args.only.split(",")
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for rep in range(args.reps):
         for name in names if rep % 2 == 0 else names[::-1]:  # alternated, the order reversed each repetition
-            runs[name].append(run(args.model, name, args.steps, args.threads))
+            runs[name].append(run(args.model, name, args.steps, args.threads, args.set))
             r = runs[name][-1]
             print(f"{name:14s} rep {rep}: peak {r['peak_rss_mib']} MiB, steps {[round(t, 2) for t in r['step_s']]} s",
                   flush=True)
