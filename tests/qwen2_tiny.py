@@ -13,6 +13,8 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from llmrl.config.schema import LoraConfig
+from llmrl.models.stack import PolicyStack
 from llmrl.models.tokenizer import ALPHABET, SPECIALS
 
 VOCAB = 4096  # 32 × the hidden size: the head's product dominates, as at Qwen's 151,936 × 896
@@ -51,3 +53,16 @@ def save_qwen2(path: Path, seed: int = 0) -> Path:
     make_qwen2(seed).save_pretrained(path)
     qwen2_tokenizer().save_pretrained(path)
     return path
+
+
+def actor_critic_stack(dtype: torch.dtype = torch.float32, **kwargs: object) -> PolicyStack:
+    """A PolicyStack with actor and critic (LoRA r=4 on every linear layer) on `make_qwen2(dtype=dtype)`,
+    every LoRA B ~ N(0, 0.2²) (seed 1), so that actor, critic and reference differ; `kwargs` go to
+    PolicyStack (e.g. length_buckets=True)."""
+    stack = PolicyStack(make_qwen2(dtype=dtype), LoraConfig(r=4, alpha=8.0), with_critic=True, **kwargs)
+    torch.manual_seed(1)
+    with torch.no_grad():  # LoRA B starts at zero
+        for name, p in stack.peft.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.2)
+    return stack

@@ -6,12 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmrl.config.schema import LoraConfig
 from llmrl.engines.hf import generate, row_uniforms
 from llmrl.models.prefix import common_prefix, distinct_prompts
 from llmrl.models.stack import PolicyStack, layout
 
-from tests.qwen2_tiny import make_qwen2
+from tests.qwen2_tiny import actor_critic_stack
 
 OPENING = [40, 41, 42, 43, 44, 45]  # a "system message" of 6 tokens before every prompt
 OWN = [[7, 8, 9], [5, 6], [11, 12, 13, 14], [9]]  # each prompt's own tokens: 3, 2, 4 and 1
@@ -30,13 +29,7 @@ def test_common_prefix_counts_the_shared_opening_and_leaves_every_row_a_token() 
 
 
 def _stack(dtype: torch.dtype) -> PolicyStack:
-    stack = PolicyStack(make_qwen2(dtype=dtype), LoraConfig(r=4, alpha=8.0), with_critic=True)
-    torch.manual_seed(1)
-    with torch.no_grad():  # LoRA B starts at zero: make actor and critic differ from the base
-        for name, p in stack.peft.named_parameters():
-            if "lora_B" in name:
-                p.normal_(std=0.2)
-    return stack
+    return actor_critic_stack(dtype)
 
 
 def _prompts(repeat: int = 1) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,11 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmrl.config.schema import LoraConfig
 from llmrl.models.buckets import MIN_CALL_POSITIONS, call_positions, extents, model_call_positions, plan
 from llmrl.models.stack import PolicyStack, layout
 
-from tests.qwen2_tiny import make_qwen2
+from tests.qwen2_tiny import actor_critic_stack, make_qwen2
 
 
 def test_plan_cuts_where_the_positions_saved_exceed_a_call() -> None:
@@ -43,13 +42,7 @@ def test_a_call_costs_positions_by_the_models_size() -> None:
 
 
 def _stack(dtype: torch.dtype) -> PolicyStack:
-    stack = PolicyStack(make_qwen2(dtype=dtype), LoraConfig(r=4, alpha=8.0), with_critic=True, length_buckets=True)
-    torch.manual_seed(1)
-    with torch.no_grad():  # LoRA B starts at zero: make actor and critic differ from the base
-        for name, p in stack.peft.named_parameters():
-            if "lora_B" in name:
-                p.normal_(std=0.2)
-    return stack
+    return actor_critic_stack(dtype, length_buckets=True)
 
 
 def _batch():
