@@ -4,6 +4,7 @@ commands of one configuration under each set of settings, alternated, each in it
     defaults        nothing set
     micro8          update.micro_batch_size=8, no engine copies (engine.pack_weights/merge_lora=false)
     micro8+malloc   the same with MALLOC_MMAP_THRESHOLD_=1048576 in the environment (glibc)
+    micro4+malloc   micro-batches of 4 rows, no engine copies, the allocator setting
     ckpt            update.activation_checkpointing=true, no engine copies
     ckpt+malloc     the same with MALLOC_MMAP_THRESHOLD_=1048576
 
@@ -36,6 +37,7 @@ CONTENDERS: dict[str, tuple[list[str], dict[str, str]]] = {
     "defaults": ([], {}),
     "micro8": (["update.micro_batch_size=8", *NO_COPIES], {}),
     "micro8+malloc": (["update.micro_batch_size=8", *NO_COPIES], MALLOC),
+    "micro4+malloc": (["update.micro_batch_size=4", *NO_COPIES], MALLOC),
     "ckpt": (["update.activation_checkpointing=true", *NO_COPIES], {}),
     "ckpt+malloc": (["update.activation_checkpointing=true", *NO_COPIES], MALLOC),
 }
@@ -72,7 +74,8 @@ def run(model: str, name: str, steps: int, threads: int, extra: list[str]) -> di
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
-    ap.add_argument("--only", default=",".join(CONTENDERS), help="comma-separated contenders, in this order")
+    ap.add_argument("--only", default="defaults,micro8,micro8+malloc,ckpt,ckpt+malloc",
+                    help=f"comma-separated contenders, in this order, of {', '.join(CONTENDERS)}")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
