@@ -84,6 +84,9 @@ def main() -> None:
                     help="an extra config override for every command (repeatable), e.g. rollout.max_new_tokens=8")
     args = ap.parse_args()
     names = args.only.split(",")
+    unknown = [n for n in names if n not in CONTENDERS]
+    if unknown:
+        ap.error(f"unknown contender {', '.join(unknown)}; choose from {', '.join(CONTENDERS)}")
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for rep in range(args.reps):
         for name in names if rep % 2 == 0 else names[::-1]:  # alternated, the order reversed each repetition
