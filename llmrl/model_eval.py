@@ -97,6 +97,7 @@ def eval_model(
     device: str | None = None,
     show_progress: bool = False,
     env: str | None = None,
+    tool_format: str | None = None,
 ) -> dict[str, Any]:
     """Greedy accuracy and mean reward on the task's eval split (first `size` rows; with `dataset`,
     the file's first rows, which may be rows a run trained on: `prompts_from` says which), and with
@@ -107,7 +108,8 @@ def eval_model(
 
     Episodes (docs/environments.md) when an environment applies: `env`, else the run's rollout.env,
     else the task's own (calc, guess, ta:ENV_ID); rollout.max_turns and the other episode limits come
-    from the run's config. The report then adds turns_mean and tool_calls_per_episode.
+    from the run's config, the call format from `tool_format` or the run's rollout.tool_format (or the task's
+    own). The report then adds turns_mean and tool_calls_per_episode.
     """
     target = load_target(model, device=device, show_progress=show_progress)
     cfg = target.config
@@ -121,7 +123,7 @@ def eval_model(
     spec = _environment(env, cfg, chosen)
     if spec is not None:
         return _eval_episodes(model, target, chosen, rows, engine, spec, dataset=dataset, samples=samples, seed=seed,
-                              temperature=temperature, max_new_tokens=n_new, batch=batch)
+                              temperature=temperature, max_new_tokens=n_new, batch=batch, tool_format=tool_format)
     greedy = evaluate(engine, target.tokenizer, rows, chosen.reward, max_new_tokens=n_new,
                       success=chosen.success, batch_size=batch, role=target.role, metrics=chosen.metrics,
                       stop_ids=stop_token_ids(target.tokenizer, target.stack.lm))
@@ -155,11 +157,13 @@ def _environment(name: str | None, cfg: Config, task: Task) -> EnvSpec | None:
 
 def _eval_episodes(model: str, target: EvalTarget, chosen: Task, rows: list[dict[str, Any]], engine: Any,
                    spec: EnvSpec, *, dataset: str | None, samples: int, seed: int, temperature: float | None,
-                   max_new_tokens: int, batch: int) -> dict[str, Any]:
+                   max_new_tokens: int, batch: int, tool_format: str | None = None) -> dict[str, Any]:
     """`eval_model` in episodes: greedy episodes, and K sampled ones per row for pass@k."""
     cfg = target.config
     rollout = replace(with_task_format(cfg.rollout, chosen), max_new_tokens=max_new_tokens,
                       temperature=cfg.rollout.temperature if temperature is None else temperature)
+    if tool_format is not None:
+        rollout = replace(rollout, tool_format=tool_format)
     stop_ids = stop_token_ids(target.tokenizer, target.stack.lm)
     context = getattr(target.stack.lm.config.get_text_config(), "max_position_embeddings", None)
     greedy = evaluate_episodes(engine, target.tokenizer, spec, rows, chosen.reward, cfg=rollout, success=chosen.success,

@@ -159,6 +159,9 @@ def test_chat_template_renders_strings_and_messages_and_can_be_turned_off() -> N
         render_prompts(tok, [[{"role": "user", "content": "1"}]])
     with pytest.raises(ConfigError, match="'data.chat_template' is on but model 'm' has no chat template"):
         apply_chat_setting(tok, "on", "m")
+    with pytest.raises(ConfigError, match="'data.system_prompt' needs a chat template to render it, and model 'm'"):
+        apply_chat_setting(tok, "auto", "m", system_prompt="")  # the template was turned off above
+    apply_chat_setting(_chat_tokenizer(), "auto", "m", system_prompt="")  # with one: accepted
 
 
 @pytest.fixture(scope="module")

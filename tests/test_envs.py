@@ -29,6 +29,28 @@ def test_hermes_calls_parse_and_malformed_ones_say_why() -> None:
     assert "no closing" in (parse_calls('<tool_call>{"name": "f"', "hermes")[0].error or "")
 
 
+def test_json_calls_are_read_bare_or_fenced_and_the_tags_first() -> None:
+    # the three forms Qwen2.5-Coder-0.5B-Instruct writes when offered tools (docs/environments.md)
+    call = '{"name": "calculator", "arguments": {"expression": "347*28"}}'
+    want = [ToolCall("calculator", {"expression": "347*28"})]
+    assert parse_calls(call, "json") == want and parse_calls(call, "hermes") == []
+    assert parse_calls(f"I will use the calculator.\n```json\n{call}\n```", "json") == want
+    assert parse_calls(f"<tool_call>\n{call}\n</tool_call>", "json") == want
+    # with a tagged call in the turn, a bare object beside it is not read a second time
+    other = '{"name": "f", "arguments": {}}'
+    assert parse_calls(f"<tool_call>{call}</tool_call> {other}", "json") == want
+    two = parse_calls(f"{call} then {other}", "json")
+    assert [c.name for c in two] == ["calculator", "f"]
+    # arguments as a JSON string are decoded; arguments that are no object are the model's error
+    assert parse_calls('{"name": "f", "arguments": "{\\"x\\": 1}"}', "json") == [ToolCall("f", {"x": 1})]
+    assert "not an object" in (parse_calls('{"name": "f", "arguments": [1]}', "json")[0].error or "")
+    # no call: an answer, JSON without a name or without arguments, an object cut short, a nested one
+    for text in ("9716", '{"answer": 9716}', '{"name": "f"}', call[:-1], '{"x": ' + call + "}", "{ {"):
+        assert parse_calls(text, "json") == [], text
+    with pytest.raises(ValueError, match="valid: hermes, json, plain"):
+        parse_calls(call, "xml")
+
+
 def test_plain_calls_are_turns_ending_in_equals() -> None:
     assert parse_calls("347*28=", "plain") == [ToolCall("", {"": "347*28"})]
     assert parse_calls(" 9716 ", "plain") == []

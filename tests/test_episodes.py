@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import string
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -363,6 +363,56 @@ def test_the_chat_tool_task_shows_a_worked_call_and_is_solved_by_one_call() -> N
     assert task.reward([""], list(samples.completions), answer=[row["answer"]]) == [1.0]
     prompt = tok.decode(samples.prompt_ids[0])
     assert prompt.startswith("<|im_start|>system\nYou have a calculator-style tool") and "12*34=" in prompt
+
+
+def test_the_tools_only_task_offers_the_tool_through_the_template_and_reads_json_calls() -> None:
+    """`chat_calc_tools`: chat_calc's questions in the same order with no worked example; the tool's schema
+    reaches the prompt through the template's tools= (no system message of llmrl's), and with
+    rollout.tool_format json a bare JSON call (what Qwen2.5-Coder-0.5B writes) runs the calculator, while
+    hermes reads the same turn as the answer."""
+    from llmrl.tasks import TASKS, with_task_format
+
+    task, demo = TASKS["chat_calc_tools"](), TASKS["chat_calc"]()
+    assert (len(task.train), len(task.eval), task.env, task.tool_format) == (2000, 200, "calculator", None)
+    assert [r["prompt"] for r in task.eval] == [r["prompt"][-1:] for r in demo.eval]  # the same questions, no example
+    row = task.eval[0]
+    a, b, c, d = map(int, re.fullmatch(r"What is (\d+)\*(\d+) \+ (\d+)\*(\d+)\?", row["prompt"][0]["content"]).groups())
+    tok = chat_tokenizer()
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    call = char_ids(tok, '{"name": "calculator", "arguments": {"expression": "%d*%d+%d*%d"}}' % (a, b, c, d))
+    by_format = {}
+    for fmt in ("json", "hermes"):
+        engine = ScriptedEngine([[*call, end], [*char_ids(tok, row["answer"]), end]])
+        cfg = with_task_format(RolloutConfig(max_new_tokens=80, max_turns=3, num_generations=1, tool_format=fmt), task)
+        by_format[fmt] = generate_episodes(engine, tok, resolve_env("calculator"), [row], torch.tensor([0]), cfg=cfg,
+                                           seed=0, step=0, device=CPU, stop_ids=[end])
+    json_run, hermes_run = by_format["json"], by_format["hermes"]
+    assert json_run.episodes.tool_calls.tolist() == [1] and json_run.episodes.tool_errors.tolist() == [0]
+    assert f"<tool_response>{row['answer']}</tool_response>" in tok.decode(json_run.response_ids[0])
+    assert task.reward([""], list(json_run.completions), answer=[row["answer"]]) == [1.0]
+    assert hermes_run.episodes.tool_calls.tolist() == [0] and hermes_run.episodes.turns.tolist() == [1]
+    prompt = tok.decode(json_run.prompt_ids[0])
+    assert prompt.startswith("<|im_start|>system\nTools: [") and '"name": "calculator"' in prompt
+
+
+def test_the_system_prompt_setting_opens_every_prompt_without_one() -> None:
+    """data.system_prompt: first in each train and held-out prompt that has no system message (a string
+    prompt becomes [system, user]); null leaves the task as it is; '' is an empty system message."""
+    from llmrl.config import load_config
+    from llmrl.tasks import TASKS, task_from_config, with_system_prompt
+
+    task = TASKS["chat_sum"]()
+    assert with_system_prompt(task, None) is task
+    ruled = with_system_prompt(task, "Be brief.")
+    assert ruled.eval[0]["prompt"] == [{"role": "system", "content": "Be brief."}, *task.eval[0]["prompt"]]
+    assert len(ruled.train) == len(task.train) and ruled.train[3]["answer"] == task.train[3]["answer"]
+    own = [{"role": "system", "content": "mine"}, {"role": "user", "content": "q"}]
+    assert with_system_prompt(replace(task, eval=[{"prompt": own, "answer": "1"}]), "x").eval[0]["prompt"] == own
+    cfg = load_config(overrides={"task": "chat_sum", "data.system_prompt": ""})
+    tok = chat_tokenizer()
+    first = task_from_config(cfg).eval[0]["prompt"]
+    text = tok.apply_chat_template(first, add_generation_prompt=True, tokenize=False)
+    assert text.startswith("<|im_start|>system\n<|im_end|>\n<|im_start|>user\n")
 
 
 def test_remax_in_episodes_takes_each_rows_greedy_episode_as_its_baseline() -> None:

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ..envs.tools import FORMATS
 from ..errors import ConfigError
 from ..model_eval import eval_model
 from .errors import friendly
@@ -56,7 +57,7 @@ def render(report: dict[str, Any]) -> Table:
 @friendly
 def eval(  # noqa: A001 - the command is called `eval`
     model: str = typer.Option(..., "--model", "-m", help="A run folder (its trained actor), a model folder, a hub id, a .gguf file, 'tiny', 'tiny-tools' or 'tiny-guess'."),
-    task: Optional[str] = typer.Option(None, "--task", "-t", help="Task: arithmetic, chat_sum, calc, chat_calc, guess, guess_signs, rg:NAME (reasoning-gym; `llmrl tasks`), ta:ENV_ID (a TextArena game) or A,B (a mixture). Default: the run's task (or arithmetic)."),
+    task: Optional[str] = typer.Option(None, "--task", "-t", help="Task: arithmetic, chat_sum, calc, chat_calc, chat_calc_tools, guess, guess_signs, rg:NAME (reasoning-gym; `llmrl tasks`), ta:ENV_ID (a TextArena game) or A,B (a mixture). Default: the run's task (or arithmetic)."),
     dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="Score every row of this .jsonl/.csv/.parquet file (or `datasets` hub name) instead of a task."),
     reward: Optional[str] = typer.Option(None, "--reward", help="Reward for --dataset rows: exact_match, numeric, first_number, math, format, length_penalty, module:function or file.py:function. Default: the run's rewards."),
     samples: int = typer.Option(4, "--samples", "-k", help="K sampled completions per prompt for pass@1 and pass@K (0: greedy only)."),
@@ -66,6 +67,7 @@ def eval(  # noqa: A001 - the command is called `eval`
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Longest completion. Default: the run's rollout.max_new_tokens."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda or auto. Default: the run's model.device."),
     env: Optional[str] = typer.Option(None, "--env", help="Score in episodes in this environment: calculator, guess, ta:ENV_ID (TextArena), module:Class or file.py:Class. Default: the run's rollout.env or the task's own (calc, guess, ta:ENV_ID)."),
+    tool_format: Optional[str] = typer.Option(None, "--tool-format", help="With a tool environment, how the model's calls are read: hermes, json or plain (rollout.tool_format). Default: the run's (or the task's own)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
 ) -> None:
     """Score a model on held-out prompts (or the first rows of --dataset, which may be rows it trained
@@ -78,8 +80,11 @@ def eval(  # noqa: A001 - the command is called `eval`
         raise ConfigError(f"--device must be one of cpu, cuda, auto; got '{device}'.")
     if dataset is not None and task is not None:
         raise ConfigError("Give --task or --dataset, not both.")
+    if tool_format is not None and tool_format not in FORMATS:
+        raise ConfigError(f"--tool-format must be one of {', '.join(FORMATS)}; got '{tool_format}'.")
     report = eval_model(model, task=task, dataset=dataset, reward=reward, samples=samples, size=size, seed=seed, temperature=temperature,
-                        max_new_tokens=max_new_tokens, device=device, show_progress=not as_json, env=env)
+                        max_new_tokens=max_new_tokens, device=device, show_progress=not as_json, env=env,
+                        tool_format=tool_format)
     if as_json:
         typer.echo(json.dumps(report))
         return

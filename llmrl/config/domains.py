@@ -11,6 +11,8 @@ A field's metadata (`schema.opt`) gives its explicit bounds (`choices`, `min`, `
             longer than 255 bytes: each text setting is a name, a path or a hub id, a NUL byte cannot be
             in a path and no file system holds a longer name
     module  (`kind="module"`) a dotted Python module name, what `importlib.import_module` takes
+    prose   (`kind="prose"`) words a model reads (a system prompt): any text, empty and line breaks
+            included, without a NUL byte
 
 `describe` writes the domain for `llmrl config`; `check_domain` raises the ConfigError.
 """
@@ -73,7 +75,8 @@ def describe(tp: Any, meta: Mapping[str, Any]) -> str:
                 else f"|x| ≤ {_num(high)}" if base is float else f"≤ {_num(high)}")
         return f"{base.__name__} {span}{none}"
     if base is str:
-        return ("Python module name" if meta.get("kind") == "module" else "text") + none
+        kind = meta.get("kind")
+        return ("Python module name" if kind == "module" else "any text" if kind == "prose" else "text") + none
     origin = typing.get_origin(base)
     if origin is list:
         item = typing.get_args(base)[:1]
@@ -110,7 +113,10 @@ def check_domain(key: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> None
         raise ConfigError(f"'{key}' must be ≤ {_num(INT_MAX)} (an int64), got {value!r}.")
     if base is float and "max" not in meta and abs(value) > FLOAT_MAX:
         raise ConfigError(f"'{key}' must lie within float32's range (|x| ≤ {FLOAT_MAX:.4g}), got {value!r}.")
-    if base is str:
+    if base is str and meta.get("kind") == "prose":
+        if "\x00" in value:
+            raise ConfigError(f"'{key}' must not hold a NUL byte, got {value!r}.")
+    elif base is str:
         _check_text(key, value)
         if meta.get("kind") == "module":
             _check_module(key, value)

@@ -134,7 +134,9 @@ class RolloutConfig:
         "auto", "with a tool environment: how the model writes a call. hermes: <tool_call>{json}</tool_call>, the "
         "tools offered through the chat template (or a system message); plain: a turn that ends in '=' calls the "
         "only tool with the text before it, explained in a system message (small chat models that write no "
-        "JSON); auto: hermes with a chat template, plain without", choices=("auto", "hermes", "plain"))
+        "JSON); json: the Hermes tags, or in a turn without them every JSON object with a \"name\" and \"arguments\", "
+        "bare or in a ```json fence (what Qwen2.5-Coder-0.5B writes when offered tools), offered as hermes; "
+        "auto: hermes with a chat template, plain without", choices=("auto", "hermes", "json", "plain"))
     tool_timeout_s: float = opt(5.0, "with a tool environment: seconds one tool call may run before it counts "
                                 "as failed (the model reads the error)", gt=0, max=3600)
     env_timeout_s: float = opt(60.0, "with an environment: seconds one reset or step may run before the run stops "
@@ -274,6 +276,10 @@ class DataConfig:
     chat_template: str = auto_switch(
         "'auto': apply the tokenizer's chat template when it has one; 'on': require one; 'off': raw text prompts"
     )
+    system_prompt: str | None = opt(
+        None, "a system message put first in every prompt that has none (a chat template is needed); null: the "
+        "template's own default (Qwen2.5's adds 'You are Qwen, created by Alibaba Cloud. You are a helpful "
+        "assistant.'); '': an empty system message. An environment's own opening is left as it builds it", kind="prose")
 
 
 @dataclass(frozen=True)
@@ -375,7 +381,7 @@ class DistConfig:
 @dataclass(frozen=True)
 class Config:
     algo: str = opt("ppo", "algorithm preset (see `llmrl algos`)")
-    task: str = opt("arithmetic", "task providing prompts and a reward: arithmetic, chat_sum, calc, chat_calc, guess, ta:ENV_ID (TextArena), rg:NAME[?key=value&…] "
+    task: str = opt("arithmetic", "task providing prompts and a reward: arithmetic, chat_sum, calc, chat_calc, chat_calc_tools, guess, ta:ENV_ID (TextArena), rg:NAME[?key=value&…] "
                     "(reasoning-gym), A,B,… (a mixture, equal weights) or mix (mix.tasks); `llmrl tasks` lists them")
     seed: int = opt(0, "seed of every random choice in the run (at most 2^32 − 1: numpy's seeds, which vLLM "
                     "uses; seed·7919 + epoch then fits torch's 64-bit generators)", min=0, max=SEED_MAX)

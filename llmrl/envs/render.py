@@ -63,7 +63,8 @@ def with_tool_instructions(messages: list[Message], tools: Sequence[dict[str, An
 
 def call_format(tokenizer: PreTrainedTokenizerBase, setting: str = "auto") -> str:
     """The tool-call format a model writes (envs/tools.py): `setting` (rollout.tool_format) when it names
-    one, else 'hermes' with a chat template and 'plain' without."""
+    one, else 'hermes' with a chat template and 'plain' without. 'json' is offered as 'hermes' is (the
+    template's `tools=`); only the parsing of the model's turns differs."""
     if setting != "auto":
         return setting
     return "hermes" if uses_chat(tokenizer) else "plain"

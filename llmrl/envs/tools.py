@@ -7,6 +7,11 @@ Two call formats are parsed (`parse_calls`):
 
     hermes  <tool_call>{"name": "calculator", "arguments": {"expression": "12*34"}}</tool_call>
             (Hermes / Qwen2.5 / Qwen3 templates; several blocks per turn allowed)
+    json    the Hermes blocks, and in a turn without one every JSON object with a string "name" and an
+            "arguments" object, bare or in a ```json fence: {"name": "calculator", "arguments": {…}}.
+            What Qwen2.5-Coder-0.5B-Instruct writes when a template offers it tools (0 of its calls in
+            the tags; docs/environments.md), as some servers' tool parsers accept; an object without
+            those two keys (an answer that is JSON) is no call
     plain   a turn whose text ends with '=' calls the environment's only tool with the text before
             it as the tool's first argument: '347*28=' → calculator('347*28'). The built-in tiny
             model's character tokenizer has no letters, so it cannot write a tool name or JSON.
@@ -34,7 +39,7 @@ from .base import EnvStep, Message, ToolCall
 from .checks import tool_text
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-FORMATS = ("hermes", "plain")
+FORMATS = ("hermes", "json", "plain")
 
 
 def parse_calls(text: str, fmt: str) -> list[ToolCall]:
@@ -42,8 +47,46 @@ def parse_calls(text: str, fmt: str) -> list[ToolCall]:
     if fmt == "plain":
         body = text.strip()
         return [ToolCall("", {"": body[:-1].strip()})] if body.endswith("=") else []
-    if fmt != "hermes":
+    if fmt not in ("hermes", "json"):
         raise ValueError(f"unknown tool-call format '{fmt}'; valid: {', '.join(FORMATS)}")
+    calls = _hermes_calls(text)
+    return calls if calls or fmt == "hermes" else _json_calls(text)
+
+
+def _json_calls(text: str) -> list[ToolCall]:
+    """Every top-level JSON object of `text` (bare, or inside a ```json fence) that names a tool: a str
+    "name" and an "arguments" object (or a JSON string of one); objects inside one are not looked at
+    again. Scanned left to right with `json.JSONDecoder.raw_decode` from each '{'."""
+    decoder, calls, at = json.JSONDecoder(), [], text.find("{")
+    while at >= 0:
+        try:
+            obj, end = decoder.raw_decode(text, at)
+        except ValueError:
+            at = text.find("{", at + 1)
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("name"), str) and "arguments" in obj:
+            calls.append(_call(obj))
+        at = text.find("{", end)
+    return calls
+
+
+def _call(obj: dict[str, Any]) -> ToolCall:
+    """A decoded call object {"name": str, "arguments": …} → a ToolCall (arguments that are a JSON string
+    are decoded; arguments that are no object make an error call)."""
+    args = obj.get("arguments", {})
+    if isinstance(args, str):  # some models write the arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except ValueError:
+            pass
+    if not isinstance(args, dict):
+        return ToolCall(obj["name"], error='the tool call\'s "arguments" is not an object')
+    return ToolCall(obj["name"], args)
+
+
+def _hermes_calls(text: str) -> list[ToolCall]:
+    """The calls of the <tool_call>{json}</tool_call> blocks of `text` (a block that is no call object is
+    an error call; a block opened and never closed is one)."""
     calls = []
     for block in TOOL_CALL.findall(text):
         try:
@@ -54,16 +97,7 @@ def parse_calls(text: str, fmt: str) -> list[ToolCall]:
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             calls.append(ToolCall("", error='the tool call has no "name"'))
             continue
-        args = obj.get("arguments", {})
-        if isinstance(args, str):  # some models write the arguments as a JSON string
-            try:
-                args = json.loads(args)
-            except ValueError:
-                pass
-        if not isinstance(args, dict):
-            calls.append(ToolCall(obj["name"], error='the tool call\'s "arguments" is not an object'))
-            continue
-        calls.append(ToolCall(obj["name"], args))
+        calls.append(_call(obj))
     if not calls and "<tool_call>" in text:  # opened, never closed
         calls.append(ToolCall("", error="the tool call has no closing </tool_call>"))
     return calls

@@ -22,12 +22,17 @@ from ..errors import ConfigError
 Prompt = str | list[dict[str, Any]]
 
 
-def apply_chat_setting(tokenizer: PreTrainedTokenizerBase, mode: str, model_name: str) -> None:
-    """'off' removes the tokenizer's chat template; 'on' requires one; 'auto' keeps what is there."""
+def apply_chat_setting(tokenizer: PreTrainedTokenizerBase, mode: str, model_name: str,
+                       system_prompt: str | None = None) -> None:
+    """'off' removes the tokenizer's chat template; 'on' requires one; 'auto' keeps what is there. A
+    data.system_prompt needs the template that renders it."""
     if mode == "off":
         tokenizer.chat_template = None
     elif mode == "on" and not uses_chat(tokenizer):
         raise ConfigError(f"'data.chat_template' is on but model '{model_name}' has no chat template; use auto or off.")
+    if system_prompt is not None and not uses_chat(tokenizer):
+        raise ConfigError(f"'data.system_prompt' needs a chat template to render it, and model '{model_name}' has "
+                          "none here (or data.chat_template is off); drop the setting or use a chat model.")
 
 
 def uses_chat(tokenizer: PreTrainedTokenizerBase) -> bool:

@@ -132,7 +132,7 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
     base, tokenizer = dist.main_first(lambda: load_base(config.model, show_progress=reporter.interactive), local=True)
     check_sizes(config, base.config, base.device)  # before the adapters, sized by lora.r, are built
     check_step_rows(config.rollout.prompts_per_step, len(task.train))
-    apply_chat_setting(tokenizer, config.data.chat_template, config.model.name)
+    apply_chat_setting(tokenizer, config.data.chat_template, config.model.name, config.data.system_prompt)
     seed_everything(config.seed)
     stack = PolicyStack(base, config.lora, with_critic=spec.needs.critic, share_prompts=config.model.share_prompts,
                         logits_chunk_mib=config.model.logits_chunk_mib,

@@ -75,6 +75,13 @@ def _chat_calc() -> Task:
     return Task("chat_calc", train, held_out, arithmetic.exact_match, env=calc.ENV, tool_format=calc.CHAT_FORMAT)
 
 
+def _chat_calc_tools() -> Task:
+    """chat_calc's questions with no worked example: the calculator is offered only through the chat
+    template's `tools=`, calls parsed in rollout.tool_format (calc.py)."""
+    train, held_out = calc.chat_splits(demo=False)
+    return Task("chat_calc_tools", train, held_out, arithmetic.exact_match, env=calc.ENV)
+
+
 def _guess() -> Task:
     train, held_out = guess.splits()
     return Task("guess", train, held_out, guessed, env=guess.ENV)
@@ -87,7 +94,8 @@ def _guess_signs() -> Task:
 
 
 TASKS: dict[str, Callable[[], Task]] = {"arithmetic": _arithmetic, "chat_sum": _chat_sum, "calc": _calc,
-                                        "chat_calc": _chat_calc, "guess": _guess, "guess_signs": _guess_signs}
+                                        "chat_calc": _chat_calc, "chat_calc_tools": _chat_calc_tools, "guess": _guess,
+                                        "guess_signs": _guess_signs}
 
 
 def with_task_format(rollout: RolloutConfig, task: Task) -> RolloutConfig:
@@ -196,7 +204,29 @@ def mix_tasks(tasks: list[Task], counts: list[int]) -> Task:
 
 
 def task_from_config(config: "Config") -> Task:
-    """The run's task: dataset rows or a built-in task, with the configured rewards when given."""
+    """The run's task: dataset rows or a built-in task, with the configured rewards when given and
+    data.system_prompt put first in each prompt that has no system message (`with_system_prompt`)."""
+    task = _task_from_config(config)
+    return with_system_prompt(task, config.data.system_prompt)
+
+
+def with_system_prompt(task: Task, system: str | None) -> Task:
+    """`task` with {"role": "system", "content": system} first in every train and held-out prompt that does
+    not open with a system message (a string prompt becomes [system, user]); None: `task` as it is."""
+    if system is None:
+        return task
+
+    def one(row: dict[str, Any]) -> dict[str, Any]:
+        prompt = row["prompt"]
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        if messages and messages[0].get("role") == "system":
+            return row
+        return {**row, "prompt": [{"role": "system", "content": system}, *messages]}
+
+    return replace(task, train=[one(r) for r in task.train], eval=[one(r) for r in task.eval])
+
+
+def _task_from_config(config: "Config") -> Task:
     if config.data.dataset:
         from ..rewards.builtin import answer_readers
         from .dataset import dataset_splits

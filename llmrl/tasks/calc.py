@@ -1,7 +1,9 @@
 """Multi-digit multiplication with a calculator tool (the built-in `calculator` environment).
 
-Two tasks: `calc`, a bare product for any model (below), and `chat_calc`, a sum of two products for
-chat models after a worked example of a call (`chat_splits`).
+Three tasks: `calc`, a bare product for any model (below); `chat_calc`, a sum of two products for
+chat models after a worked example of a call (`chat_splits`); `chat_calc_tools`, the same questions with
+no worked example, the tool offered only through the chat template (`chat_splits(demo=False)`), for a
+model whose template and training know tools (Qwen2.5).
 
 `calc`'s prompts look like ``347*28=``; the right answer is ``9716``. A small model rarely multiplies a
 three-digit by a two-digit number in its head but can call the calculator and copy its result:
@@ -49,15 +51,18 @@ with this one it answers 6 of 16 greedily and 11 of 64 sampled at T 0.7 — room
 learn, and episodes that show how (docs/environments.md)."""
 
 
-def chat_splits(train_size: int = CHAT_TRAIN_SIZE, eval_size: int = CHAT_EVAL_SIZE) -> tuple[list[dict], list[dict]]:
-    """(train, eval) rows of the chat tool task `chat_calc`: the conversation `DEMO` + "What is a*b + c*d?",
-    100 ≤ a, c ≤ 999 and 10 ≤ b, d ≤ 99 drawn with seed SPLIT_SEED + 1, distinct, the first `eval_size`
-    held out; answer str(a·b + c·d) (one call solves it: 'a*b+c*d=')."""
+def chat_splits(train_size: int = CHAT_TRAIN_SIZE, eval_size: int = CHAT_EVAL_SIZE,
+                demo: bool = True) -> tuple[list[dict], list[dict]]:
+    """(train, eval) rows of the chat tool tasks: the conversation `DEMO` (none with `demo` False, for
+    `chat_calc_tools`) + "What is a*b + c*d?", 100 ≤ a, c ≤ 999 and 10 ≤ b, d ≤ 99 drawn with seed
+    SPLIT_SEED + 1, distinct, the first `eval_size` held out; answer str(a·b + c·d) (one call solves it:
+    'a*b+c*d'). Both tasks ask the same questions in the same order."""
     rng = random.Random(SPLIT_SEED + 1)
     quads: dict[tuple[int, int, int, int], None] = {}
     while len(quads) < train_size + eval_size:
         quads[(rng.randint(100, 999), rng.randint(10, 99), rng.randint(100, 999), rng.randint(10, 99))] = None
-    rows = [{"prompt": [*DEMO, {"role": "user", "content": f"What is {a}*{b} + {c}*{d}?"}],
+    opening = DEMO if demo else []
+    rows = [{"prompt": [*opening, {"role": "user", "content": f"What is {a}*{b} + {c}*{d}?"}],
              "answer": str(a * b + c * d)} for a, b, c, d in quads]
     return rows[eval_size:], rows[:eval_size]
 
