@@ -1,0 +1,131 @@
+"""A random Qwen2-architecture model with Qwen2.5's own ChatML template (tests/data), trained a few
+steps by `llmrl train` on a reasoning-gym task and in Hermes-format tool episodes (issue 46's CI: no
+download). Before the tool run the model is taught, in the test, to write one `<tool_call>` and to
+answer after the tool: a random model writes no call, and a run whose calls are never parsed checks
+nothing. Asserted: the prompts the template renders (its default system prompt, or data.system_prompt),
+the calls parsed from the model's own tokens, and the action mask (model turns trained, the
+environment's tokens not)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+from llmrl import load_config, train
+from llmrl.envs import resolve_env
+from llmrl.envs.render import env_turn_ids, prompt_ids
+from llmrl.models.prompts import render_prompts
+from llmrl.tasks import TASKS
+
+TEMPLATE = (Path(__file__).parent / "data" / "qwen2.5-chat-template.jinja").read_text()
+CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+2"}}\n</tool_call>'
+QWEN_SYSTEM = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+SMALL = ["rollout.prompts_per_step=2", "rollout.num_generations=2", "update.minibatch_size=4", "eval.size=2",
+         "eval.every=0", "checkpoint.every=1", "threads=1", "rollout.temperature=0.3", "log.completions_every=1"]
+
+
+def chatml_tokenizer() -> Qwen2Tokenizer:
+    """Qwen2's own tokenizer class, byte-level as Qwen's is, with one token per byte (no merges), ChatML's
+    specials and the Hermes tags as single tokens, and Qwen2.5's chat template. (A tokenizer of another
+    class saved beside a Qwen2 config reloads as a Qwen2Tokenizer and reads other ids.)"""
+    byte_chars = bytes_to_unicode()
+    tok = Qwen2Tokenizer(vocab={byte_chars[i]: i for i in range(256)}, merges=[], unk_token=None,
+                         eos_token="<|im_end|>", pad_token="<|endoftext|>", padding_side="left")
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.add_tokens(["<tool_call>", "</tool_call>"])
+    tok.chat_template = TEMPLATE
+    return tok
+
+
+def taught_qwen2(tok: Qwen2Tokenizer, steps: int = 150) -> Qwen2ForCausalLM:
+    """A 2-layer Qwen2 (q/k/v biases, untied head) taught by cross-entropy on its two turns of four
+    chat_calc_tools episodes: CALL, then after the tool's answer '4'."""
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=128, max_position_embeddings=2048,
+                      tie_word_embeddings=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    model = Qwen2ForCausalLM(cfg)
+    tools = resolve_env("calculator").make().tools()
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    text_ids = lambda text: tok(text, add_special_tokens=False).input_ids  # noqa: E731
+    batch = []
+    for row in TASKS["chat_calc_tools"]().train[:4]:
+        prompt = prompt_ids(tok, row["prompt"], tools, "hermes")
+        turn1, turn2 = text_ids(CALL) + [end], text_ids("4") + [end]
+        env = env_turn_ids(tok, [{"role": "tool", "name": "calculator", "content": "4"}], tools, "<|im_end|>")
+        ids = prompt + turn1 + env + turn2
+        labels = [-100] * len(prompt) + turn1 + [-100] * len(env) + turn2
+        batch.append((torch.tensor([ids]), torch.tensor([labels])))
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for step in range(steps):
+        ids, labels = batch[step % len(batch)]
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.05, loss.item()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def chatml_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("qwen2-chatml") / "model"
+    tok = chatml_tokenizer()
+    taught_qwen2(tok).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def _completions(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+
+
+def test_tool_episodes_parse_the_models_hermes_calls_and_train_only_its_turns(chatml_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "calc"
+    train(load_config(overrides={"model.name": str(chatml_dir), "out": str(out), "steps": 2, "task": "chat_calc_tools",
+                                 "algo": "grpo"},
+                      sets=[*SMALL, "rollout.max_new_tokens=72", "rollout.max_turns=2", "rollout.tool_format=hermes"]))
+    rows = _completions(out)
+    assert len(rows) == 8  # 2 steps × 2 prompts × 2 samples
+    tools_prompt = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n# Tools"
+    called = [r for r in rows if r["tool_calls"] == 1]
+    assert len(called) >= 6, [r["turns"][0]["text"] for r in rows]  # sampled at T 0.3 from a taught model
+    tok = AutoTokenizer.from_pretrained(chatml_dir)  # as the run loads it
+    tools = resolve_env("calculator").make().tools()
+    for r in called:
+        assert [m["role"] for m in r["prompt"]] == ["user"]  # no system message or worked example of llmrl's
+        text = tok.decode(prompt_ids(tok, r["prompt"], tools, "hermes"))
+        assert text.startswith(tools_prompt) and '"name": "calculator"' in text  # the template's own, tools= in it
+        assert r["tool_errors"] == 0
+        by = [(t["by"], t["trained"]) for t in r["turns"]]
+        assert by[:3] == [("model", True), ("env", False), ("model", True)]
+        assert r["turns"][0]["text"] == CALL + "<|im_end|>"  # the call as sampled, its stop token trained
+        assert r["turns"][1]["text"] == "\n<|im_start|>user\n<tool_response>\n4\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+        assert r["turns"][0]["tokens"] == len(CALL) - len("<tool_call></tool_call>") + 2 + 1  # bytes, 2 tags, stop
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(m["tool_calls_per_episode"] >= 0.5 and m["tool_error_rate"] == 0.0 for m in metrics), metrics
+
+
+def test_a_reasoning_gym_task_trains_through_the_template_with_a_system_prompt(chatml_dir: Path, tmp_path: Path) -> None:
+    runs = {}
+    for name, extra in (("default", []), ("empty", ['data.system_prompt=""'])):
+        out = tmp_path / name
+        train(load_config(overrides={"model.name": str(chatml_dir), "out": str(out), "steps": 1,
+                                     "task": "rg:leg_counting", "algo": "grpo"},
+                          sets=[*SMALL, "rollout.max_new_tokens=8", "rg.train_size=8", "rg.eval_size=2", *extra]))
+        runs[name] = _completions(out)
+        summary = json.loads((out / "summary.json").read_text())
+        assert {"eval_strict_accuracy_after", "eval_lenient_accuracy_after"} <= set(summary), summary
+    tok = AutoTokenizer.from_pretrained(chatml_dir)  # as the runs load it
+    texts = {name: render_prompts(tok, [r["prompt"] for r in rows])[0] for name, rows in runs.items()}
+    assert all(t.startswith(QWEN_SYSTEM + "<|im_end|>\n<|im_start|>user\n") for t in texts["default"])
+    assert all(t.startswith("<|im_start|>system\n<|im_end|>\n<|im_start|>user\n") for t in texts["empty"])
+    assert [r["prompt"] for r in runs["empty"]] == [[{"role": "system", "content": ""}, {"role": "user", "content": r["prompt"]}]
+                                                     for r in runs["default"]]  # the same questions, the system message first
+    assert all("<answer>" in r["prompt"] for r in runs["default"])  # reasoning-gym's tag convention stated
