@@ -34,6 +34,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="64,32,16,8", help="minibatch sizes, tried from the largest down")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an extra config override for every command (repeatable), e.g. rollout.max_new_tokens=8")
     args = ap.parse_args()
     sizes = sorted({int(s) for s in args.sizes.split(",")}, reverse=True)
     start, result = time.perf_counter(), {"command": " ".join(sys.argv), "cpu": cpu_name(), "limit_gib": args.limit_gib,
@@ -41,7 +43,7 @@ def main() -> None:
     for name, setting in SETTINGS.items():
         result["largest"][name] = None
         for size in sizes:
-            probe = run(args.model, "defaults", 1, args.threads, [setting, f"update.minibatch_size={size}"])
+            probe = run(args.model, "defaults", 1, args.threads, [*args.set, setting, f"update.minibatch_size={size}"])
             gib = probe["peak_rss_mib"] / 1024
             result["probes"].append({"setting": name, "minibatch": size, "peak_rss_gib": round(gib, 2),
                                      "step_s": probe["step_s"], "first": probe["first"]})
