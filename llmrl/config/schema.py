@@ -45,19 +45,15 @@ class ModelConfig:
     trust_remote_code: bool = opt(False, "let transformers run code shipped with the model")
     share_prompts: bool = opt(
         True, "run each distinct prompt once per forward and let all its samples attend to its key/value "
-        "cache (when that saves at least half the prompt work, e.g. GRPO groups); same numbers up to float rounding",
-    )
+        "cache (when that saves at least half the prompt work, e.g. GRPO groups); same numbers up to float rounding")
     length_buckets: bool = opt(
         True, "run a batch's rows in groups of like response length, each trimmed of the padding its rows share, "
         "where that saves more positions than a forward call costs (llmrl/models/buckets.py); same numbers up to "
-        "float rounding; not with dist.shard_base (its forwards are collectives every process runs alike)",
-    )
+        "float rounding; not with dist.shard_base (its forwards are collectives every process runs alike)")
     logits_chunk_mib: float = opt(
         64.0, "float32 logits the log-prob forwards and the update hold at once, in MiB: the response positions "
         "run through the LM head in chunks that fit, and the backward recomputes a chunk instead of keeping it "
-        "(at a 152k vocabulary a 32 x 64-token minibatch is 1.2 GB per copy unchunked); 0: the whole batch at once",
-        min=0,
-    )
+        "(at a 152k vocabulary a 32 x 64-token minibatch is 1.2 GB per copy unchunked); 0: the whole batch at once", min=0)
 
 
 @dataclass(frozen=True)
@@ -131,12 +127,11 @@ class RolloutConfig:
         "after the prompt) reaches this many tokens; null: only max_turns × max_new_tokens bounds the model's part",
         min=1, max=1_000_000)
     tool_format: str = opt(
-        "auto", "with a tool environment: how the model writes a call. hermes: <tool_call>{json}</tool_call>, the "
-        "tools offered through the chat template (or a system message); plain: a turn that ends in '=' calls the "
-        "only tool with the text before it, explained in a system message (small chat models that write no "
-        "JSON); json: the Hermes tags, or in a turn without them every JSON object with a \"name\" and \"arguments\", "
-        "bare or in a ```json fence (what Qwen2.5-Coder-0.5B writes when offered tools), offered as hermes; "
-        "auto: hermes with a chat template, plain without", choices=("auto", "hermes", "json", "plain"))
+        "auto", "with a tool environment: how calls are read. hermes: <tool_call>{json}</tool_call>, tools offered via the "
+        "chat template (or a system message); json: hermes, or in a turn without tags every JSON object with \"name\" and "
+        "\"arguments\", bare or ```json-fenced (Qwen2.5-Coder's calls); plain: a turn ending in '=' calls the only tool, "
+        "explained in a system message (for models that write no JSON); auto: hermes with a chat template, plain without",
+        choices=("auto", "hermes", "json", "plain"))
     tool_timeout_s: float = opt(5.0, "with a tool environment: seconds one tool call may run before it counts "
                                 "as failed (the model reads the error)", gt=0, max=3600)
     env_timeout_s: float = opt(60.0, "with an environment: seconds one reset or step may run before the run stops "
@@ -277,9 +272,8 @@ class DataConfig:
         "'auto': apply the tokenizer's chat template when it has one; 'on': require one; 'off': raw text prompts"
     )
     system_prompt: str | None = opt(
-        None, "a system message put first in every prompt that has none (a chat template is needed); null: the "
-        "template's own default (Qwen2.5's adds 'You are Qwen, created by Alibaba Cloud. You are a helpful "
-        "assistant.'); '': an empty system message. An environment's own opening is left as it builds it", kind="prose")
+        None, "a system message put first in each prompt without one (needs a chat template); null: the template's own "
+        "(Qwen2.5: 'You are Qwen, created by Alibaba Cloud. …'); '': an empty one; environments' openings unchanged", kind="prose")
 
 
 @dataclass(frozen=True)
