@@ -115,6 +115,22 @@ def test_strict_and_lenient_readings() -> None:
     assert both == [1.0, 0.5, 0.5, 0.5, 0, lenient[5] / 2]
 
 
+def test_the_exact_reward_gives_no_partial_credit() -> None:
+    # reasoning-gym's letter_counting scores a wrong count that contains the right one's digits 0.5 (or
+    # len(answer)/len(given)); a Qwen2.5-0.5B run trained on that learned to write such counts (docs/tasks.md)
+    task = _task("rg:letter_counting")
+    row = next(r for r in task.eval if len(r["answer"]) == 1)
+    a = row["answer"]
+    completions = [f"<answer>{a}</answer>", f"<answer>1{a}</answer>", f"<answer>{(int(a) + 1) % 10}</answer>"]
+    cols = dict(answer=[a] * 3, rg_id=[row["rg_id"]] * 3, task=[row["task"]] * 3)
+    prompts = [row["prompt"]] * 3
+    strict = get_task("rg:letter_counting", reward="strict", **SMALL).reward(prompts, completions, **cols)
+    exact = get_task("rg:letter_counting", reward="exact", **SMALL).reward(prompts, completions, **cols)
+    assert strict[0] == 1.0 and 0 < strict[1] < 1 and strict[2] == 0.0, strict  # partial credit for '1a'
+    assert exact == [1.0, 0.0, 0.0]
+    assert task.metrics["strict_accuracy"](prompts, completions, **cols) == exact
+
+
 @pytest.mark.parametrize(("spec", "message"), [
     ("rg:leg_countin", "reasoning-gym has no dataset 'leg_countin'; did you mean 'rg:leg_counting'?"),
     ("rg:leg_counting?max_animal=3", "reasoning-gym's 'leg_counting' has no setting 'max_animal'; its settings: min_animals"),

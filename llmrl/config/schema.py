@@ -305,10 +305,10 @@ class RGConfig:
                                 "question equal to one of them is dropped); default: eval.size, the ones a run scores. "
                                 "Item i is the same whatever the size, so the held-out set is fixed by (task, its "
                                 "settings, data.split_seed) and a run scores its first eval.size", min=1, max=10**5)
-    reward: str = opt("strict", "what trains: 'strict' reasoning-gym's score of the answer rg.answer reads; 'lenient' "
-                      "the best score of the looser readings (tag, last line cleaned, last number); 'both' their mean (a "
-                      "right answer outside the convention earns half); strict and lenient accuracy are reported either way",
-                      choices=("strict", "lenient", "both"))
+    reward: str = opt("strict", "what trains: 'strict' reasoning-gym's score of the answer rg.answer reads (partial credit "
+                      "included); 'exact' 1 where that score is full, else 0; 'lenient' the best score of the looser readings "
+                      "(tag, last line cleaned, last number); 'both' the mean of strict and lenient; accuracies reported either "
+                      "way", choices=("strict", "exact", "lenient", "both"))
     answer: str = opt("tag", "the answer convention the prompt states and strict accuracy reads: 'tag' the last "
                       "<answer>…</answer> (reasoning-gym's own); 'line' the last non-empty line, as it is (a small model "
                       "that never writes the tags still earns partial credit there: docs/tasks.md)",

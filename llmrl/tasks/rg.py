@@ -266,7 +266,8 @@ def lenient_scores(source: Source, completions: Sequence[str], rg_id: Sequence[i
 
 def reward_fns(source: Source, reward: str = "strict") -> tuple[Callable[..., list[float]], dict[str, Callable[..., list[float]]]]:
     """(reward, {strict_accuracy, lenient_accuracy}): plain callables `fn(prompts, completions, **columns)`;
-    the reward is `rg.reward`'s: the strict score, the lenient one, or 'both', their mean."""
+    the reward is `rg.reward`'s: the strict score, 'exact' 1 only where that score is full (no partial
+    credit: reasoning-gym's letter_counting gives 0.5 to '10' for 1), the lenient one, or 'both', their mean."""
 
     def full(scores: list[float]) -> list[float]:
         return [1.0 if s >= 1.0 else 0.0 for s in scores]
@@ -277,16 +278,20 @@ def reward_fns(source: Source, reward: str = "strict") -> tuple[Callable[..., li
     def loose(prompts: Sequence[Any], completions: Sequence[str], rg_id: Sequence[int], **_: Any) -> list[float]:
         return lenient_scores(source, completions, rg_id)
 
+    def exact(prompts: Sequence[Any], completions: Sequence[str], rg_id: Sequence[int], **_: Any) -> list[float]:
+        return full(strict_scores(source, completions, rg_id))
+
     def both(prompts: Sequence[Any], completions: Sequence[str], rg_id: Sequence[int], **_: Any) -> list[float]:
         return [(s + lo) / 2 for s, lo in zip(strict_scores(source, completions, rg_id),
                                                lenient_scores(source, completions, rg_id), strict=True)]
 
     strict.__qualname__ = f"{source.spec} (strict)"
+    exact.__qualname__ = f"{source.spec} (strict, full credit only)"
     loose.__qualname__ = f"{source.spec} (lenient)"
     both.__qualname__ = f"{source.spec} (strict + lenient) / 2"
     metrics = {"strict_accuracy": lambda p, c, rg_id, **_: full(strict_scores(source, c, rg_id)),
                "lenient_accuracy": lambda p, c, rg_id, **_: full(lenient_scores(source, c, rg_id))}
-    return {"strict": strict, "lenient": loose, "both": both}[reward], metrics
+    return {"strict": strict, "exact": exact, "lenient": loose, "both": both}[reward], metrics
 
 
 @cache
