@@ -4,7 +4,7 @@ log-probs over the whole vocabulary at once (`model.logits_chunk_mib=0`, what ll
 copies kept).
 
     python bench/minibatch_fit.py --model qwen2.5-coder-0.5b-instruct --limit-gib 8 \\
-        --sizes 64,32,16,8 --out bench/results/minibatch-fit-qwen0.5b.json
+        --sizes 32,16,8,4 --out FILE.json
 
 Each probe is one whole `llmrl train` command of issue 42's GRPO step (`memory_settings.BASE`: 8
 prompts × 8 samples, up to 64 new tokens, `--steps 1`) with `update.minibatch_size=N`, in its own
