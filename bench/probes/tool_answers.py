@@ -5,17 +5,17 @@ after the tool's answer, calls it again instead of answering; this probe counts 
 Two measurements with plain transformers (`generate`, the model's own chat template and `tools=`),
 on the first `--questions` held-out questions of `chat_calc_tools`:
 
-    first turn   `--samples` sampled first turns per question at temperatures 0.7 and 1.0: how many
+    first turn   `--samples` sampled first turns per question at each of `--temperatures`: how many
                  hold a `<tool_call>` tag, how many a JSON call (`parse_calls(..., "json")`)
     after tool   the conversation so far is the question, the model's own first call (greedy) and the
-                 calculator's right result; `--samples` sampled replies per question at 0.7 and 1.0:
+                 calculator's right result; `--samples` sampled replies per question at each temperature:
                  how many are no call (an answer), how many are exactly the answer. Under variants of
                  the conversation: as is; a system message asking for the answer alone; the result
                  phrased "a*b + c*d = n"; a worked example (12*34 → 408) first, its call tagged or bare;
                  the model's call rewritten as the template's own tool_calls rendering.
 
     python bench/probes/tool_answers.py --model ~/.cache/llmrl/models/qwen2.5-coder-0.5b-instruct \\
-        --out bench/results/tool-answers-qwen0.5b.json
+        --questions 4 --samples 8 --temperatures 1.0 --out bench/results/tool-answers-qwen0.5b.json
 """
 
 from __future__ import annotations
@@ -92,6 +92,7 @@ def main() -> None:
     ap.add_argument("--questions", type=int, default=4)
     ap.add_argument("--samples", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--temperatures", default="0.7,1.0", help="sampling temperatures, comma-separated")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -103,8 +104,10 @@ def main() -> None:
     rows = TASKS["chat_calc_tools"]().eval[: args.questions]
     result: dict = {"command": "python bench/probes/tool_answers.py " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None), "first_turn": [], "after_tool": []}
+    temperatures = [float(t) for t in args.temperatures.split(",")]
+    out = Path(args.out) if args.out else None
     with torch.no_grad():
-        for temperature in (0.7, 1.0):
+        for temperature in temperatures:
             replies = [r for row in rows for r in sample(model, tok, row["prompt"], tools, args.samples, temperature)]
             row = {"temperature": temperature, "replies": len(replies), "tagged": sum("<tool_call>" in r for r in replies),
                    "json_calls": sum(bool(parse_calls(r, "json")) for r in replies)}
@@ -112,13 +115,13 @@ def main() -> None:
             print("first turn", row, flush=True)
         for variant in ("as is", "ask for the answer", "result as an equation", "tagged example", "bare example",
                         "template's tool_calls"):
-            for temperature in (0.7, 1.0):
+            for temperature in temperatures:
                 row = after_tool(model, tok, rows, tools, variant, args.samples, temperature)
                 result["after_tool"].append(row)
                 print("after tool", {k: v for k, v in row.items() if k != "examples"}, flush=True)
-    result["total_wall_s"] = round(time.perf_counter() - start, 1)
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+                result["total_wall_s"] = round(time.perf_counter() - start, 1)
+                if out:  # rewritten after every row: a stopped probe keeps what it counted
+                    out.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":
