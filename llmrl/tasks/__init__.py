@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import ConfigError
 from ..models.load import register_builtin_model
+from ..models.prompts import as_messages
 from ..models.tiny import default_cache_dir, ensure_tiny
 from ..rewards.builtin import first_number, numeric
 from ..envs.guess import guessed
@@ -217,8 +218,7 @@ def with_system_prompt(task: Task, system: str | None) -> Task:
         return task
 
     def one(row: dict[str, Any]) -> dict[str, Any]:
-        prompt = row["prompt"]
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        messages = as_messages(row["prompt"])
         if messages and messages[0].get("role") == "system":
             return row
         return {**row, "prompt": [{"role": "system", "content": system}, *messages]}
