@@ -395,6 +395,26 @@ def test_the_tools_only_task_offers_the_tool_through_the_template_and_reads_json
     assert prompt.startswith("<|im_start|>system\nTools: [") and '"name": "calculator"' in prompt
 
 
+def test_the_json_example_task_shows_a_call_the_json_format_reads_and_the_tool_answers() -> None:
+    """`chat_calc_json`: chat_calc's questions in the same order after a worked example whose call is the
+    bare JSON object (calc.JSON_DEMO); under rollout.tool_format auto its episodes read json, the example's
+    own call parses to calculator('12*34'), and the environment's result is the example's answer, 408."""
+    from llmrl.envs import parse_calls
+    from llmrl.tasks import TASKS, calc, with_task_format
+
+    task, plain = TASKS["chat_calc_json"](), TASKS["chat_calc"]()
+    assert (len(task.train), len(task.eval), task.env, task.tool_format) == (2000, 200, "calculator", "json")
+    assert [r["prompt"][-1] for r in task.eval] == [r["prompt"][-1] for r in plain.eval]
+    assert all(r["prompt"][:-1] == calc.JSON_DEMO for r in task.train[:50] + task.eval)
+    assert with_task_format(RolloutConfig(), task).tool_format == "json"
+    (call,) = parse_calls(calc.JSON_DEMO[1]["content"], "json")
+    assert (call.name, call.arguments, call.error) == ("calculator", {"expression": "12*34"}, None)
+    assert parse_calls(calc.JSON_DEMO[1]["content"], "hermes") == []
+    from llmrl.envs.calculator import calculator
+
+    assert calculator(**call.arguments) == calc.JSON_DEMO[2]["content"] == calc.JSON_DEMO[3]["content"] == "408"
+
+
 def test_the_system_prompt_setting_opens_every_prompt_without_one() -> None:
     """data.system_prompt: first in each train and held-out prompt that has no system message (a string
     prompt becomes [system, user]); null leaves the task as it is; '' is an empty system message."""

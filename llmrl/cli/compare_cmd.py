@@ -37,7 +37,7 @@ def compare(
     seeds: str = typer.Option("0", "--seeds", "-s", help="Comma-separated seeds, e.g. 0,1,2; every algorithm runs every seed."),
     steps: Optional[int] = typer.Option(None, "--steps", "-n", help="Training steps of every run."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model of every run: 'tiny', 'tiny-tools' or 'tiny-guess' (built-in), a name from `llmrl models`, a hub id, a local folder or a .gguf file."),
-    task: Optional[str] = typer.Option(None, "--task", "-t", help="Task of every run: arithmetic (default), chat_sum, calc, chat_calc, chat_calc_tools, guess, guess_signs, ta:ENV_ID (a TextArena game), rg:NAME (reasoning-gym; `llmrl tasks`) or A,B,… (a mixture)."),
+    task: Optional[str] = typer.Option(None, "--task", "-t", help="Task of every run: arithmetic (default), chat_sum, calc, chat_calc, chat_calc_tools, chat_calc_json, guess, guess_signs, ta:ENV_ID (a TextArena game), rg:NAME (reasoning-gym; `llmrl tasks`) or A,B,… (a mixture)."),
     recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help="YAML recipe applied to every run (its 'algo' is replaced)."),
     sets: Optional[list[str]] = typer.Option(None, "--set", help="key=value applied to every run (repeatable; `llmrl config` lists keys)."),
     match: str = typer.Option("rows", "--match", help="'rows': same rows per step (B × G), each algorithm keeps its G; 'prompts': same B and G for all, so every step trains on identical prompts."),

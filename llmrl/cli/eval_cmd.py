@@ -57,7 +57,7 @@ def render(report: dict[str, Any]) -> Table:
 @friendly
 def eval(  # noqa: A001 - the command is called `eval`
     model: str = typer.Option(..., "--model", "-m", help="A run folder (its trained actor), a model folder, a hub id, a .gguf file, 'tiny', 'tiny-tools' or 'tiny-guess'."),
-    task: Optional[str] = typer.Option(None, "--task", "-t", help="Task: arithmetic, chat_sum, calc, chat_calc, chat_calc_tools, guess, guess_signs, rg:NAME (reasoning-gym; `llmrl tasks`), ta:ENV_ID (a TextArena game) or A,B (a mixture). Default: the run's task (or arithmetic)."),
+    task: Optional[str] = typer.Option(None, "--task", "-t", help="Task: arithmetic, chat_sum, calc, chat_calc, chat_calc_tools, chat_calc_json, guess, guess_signs, rg:NAME (reasoning-gym; `llmrl tasks`), ta:ENV_ID (a TextArena game) or A,B (a mixture). Default: the run's task (or arithmetic)."),
     dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="Score every row of this .jsonl/.csv/.parquet file (or `datasets` hub name) instead of a task."),
     reward: Optional[str] = typer.Option(None, "--reward", help="Reward for --dataset rows: exact_match, numeric, first_number, math, format, length_penalty, module:function or file.py:function. Default: the run's rewards."),
     samples: int = typer.Option(4, "--samples", "-k", help="K sampled completions per prompt for pass@1 and pass@K (0: greedy only)."),

@@ -375,7 +375,7 @@ class DistConfig:
 @dataclass(frozen=True)
 class Config:
     algo: str = opt("ppo", "algorithm preset (see `llmrl algos`)")
-    task: str = opt("arithmetic", "task providing prompts and a reward: arithmetic, chat_sum, calc, chat_calc, chat_calc_tools, guess, ta:ENV_ID (TextArena), rg:NAME[?key=value&…] "
+    task: str = opt("arithmetic", "task providing prompts and a reward: arithmetic, chat_sum, calc, chat_calc, chat_calc_tools, chat_calc_json, guess, ta:ENV_ID (TextArena), rg:NAME[?key=value&…] "
                     "(reasoning-gym), A,B,… (a mixture, equal weights) or mix (mix.tasks); `llmrl tasks` lists them")
     seed: int = opt(0, "seed of every random choice in the run (at most 2^32 − 1: numpy's seeds, which vLLM "
                     "uses; seed·7919 + epoch then fits torch's 64-bit generators)", min=0, max=SEED_MAX)

@@ -79,8 +79,15 @@ def _chat_calc() -> Task:
 def _chat_calc_tools() -> Task:
     """chat_calc's questions with no worked example: the calculator is offered only through the chat
     template's `tools=`, calls parsed in rollout.tool_format (calc.py)."""
-    train, held_out = calc.chat_splits(demo=False)
+    train, held_out = calc.chat_splits(demo=None)
     return Task("chat_calc_tools", train, held_out, arithmetic.exact_match, env=calc.ENV)
+
+
+def _chat_calc_json() -> Task:
+    """chat_calc's questions after a worked example whose call is a bare JSON object (calc.JSON_DEMO), the
+    calculator also offered through the template's `tools=`; calls read in the json format (calc.py)."""
+    train, held_out = calc.chat_splits(demo=calc.JSON_DEMO)
+    return Task("chat_calc_json", train, held_out, arithmetic.exact_match, env=calc.ENV, tool_format=calc.JSON_FORMAT)
 
 
 def _guess() -> Task:
@@ -95,7 +102,8 @@ def _guess_signs() -> Task:
 
 
 TASKS: dict[str, Callable[[], Task]] = {"arithmetic": _arithmetic, "chat_sum": _chat_sum, "calc": _calc,
-                                        "chat_calc": _chat_calc, "chat_calc_tools": _chat_calc_tools, "guess": _guess,
+                                        "chat_calc": _chat_calc, "chat_calc_tools": _chat_calc_tools,
+                                        "chat_calc_json": _chat_calc_json, "guess": _guess,
                                         "guess_signs": _guess_signs}
 
 

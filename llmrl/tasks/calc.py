@@ -1,9 +1,11 @@
 """Multi-digit multiplication with a calculator tool (the built-in `calculator` environment).
 
-Three tasks: `calc`, a bare product for any model (below); `chat_calc`, a sum of two products for
-chat models after a worked example of a call (`chat_splits`); `chat_calc_tools`, the same questions with
-no worked example, the tool offered only through the chat template (`chat_splits(demo=False)`), for a
-model whose template and training know tools (Qwen2.5).
+Four tasks: `calc`, a bare product for any model (below); `chat_calc`, a sum of two products for
+chat models after a worked example of a call in the plain format (`chat_splits`); `chat_calc_tools`, the
+same questions with no worked example, the tool offered only through the chat template
+(`chat_splits(demo=None)`), for a model whose template and training know tools (Qwen2.5);
+`chat_calc_json`, the same questions after a worked example whose call is the bare JSON object such a
+model writes (`chat_splits(demo=JSON_DEMO)`), the tool offered through the template too.
 
 `calc`'s prompts look like ``347*28=``; the right answer is ``9716``. A small model rarely multiplies a
 three-digit by a two-digit number in its head but can call the calculator and copy its result:
@@ -51,17 +53,30 @@ with this one it answers 6 of 16 greedily and 11 of 64 sampled at T 0.7 — room
 learn, and episodes that show how (docs/environments.md)."""
 
 
+JSON_FORMAT = "json"
+JSON_DEMO: list[dict[str, str]] = [
+    {"role": "user", "content": "What is 12*34?"},
+    {"role": "assistant", "content": '{"name": "calculator", "arguments": {"expression": "12*34"}}'},
+    {"role": "tool", "content": "408"},
+    {"role": "assistant", "content": "408"},
+]
+"""`DEMO` with its call as the bare JSON object Qwen2.5-Coder-0.5B-Instruct writes when the template offers
+it a tool (29 of 32 first turns; `bench/probes/tool_answers.py`, bench/results/tool-answers-qwen0.5b.json).
+With no worked example that model calls the calculator again after its result instead of answering (0 of
+32 replies answer); after this one, 8 of 32 answer, all 8 right: episodes with something to reinforce."""
+
+
 def chat_splits(train_size: int = CHAT_TRAIN_SIZE, eval_size: int = CHAT_EVAL_SIZE,
-                demo: bool = True) -> tuple[list[dict], list[dict]]:
-    """(train, eval) rows of the chat tool tasks: the conversation `DEMO` (none with `demo` False, for
-    `chat_calc_tools`) + "What is a*b + c*d?", 100 ≤ a, c ≤ 999 and 10 ≤ b, d ≤ 99 drawn with seed
+                demo: list[dict[str, str]] | None = DEMO) -> tuple[list[dict], list[dict]]:
+    """(train, eval) rows of the chat tool tasks: the conversation `demo` (`DEMO`; `JSON_DEMO` for
+    `chat_calc_json`; None for `chat_calc_tools`) + "What is a*b + c*d?", 100 ≤ a, c ≤ 999 and 10 ≤ b, d ≤ 99 drawn with seed
     SPLIT_SEED + 1, distinct, the first `eval_size` held out; answer str(a·b + c·d) (one call solves it:
     'a*b+c*d'). Both tasks ask the same questions in the same order."""
     rng = random.Random(SPLIT_SEED + 1)
     quads: dict[tuple[int, int, int, int], None] = {}
     while len(quads) < train_size + eval_size:
         quads[(rng.randint(100, 999), rng.randint(10, 99), rng.randint(100, 999), rng.randint(10, 99))] = None
-    opening = DEMO if demo else []
+    opening = list(demo or [])
     rows = [{"prompt": [*opening, {"role": "user", "content": f"What is {a}*{b} + {c}*{d}?"}],
              "answer": str(a * b + c * d)} for a, b, c, d in quads]
     return rows[eval_size:], rows[:eval_size]
