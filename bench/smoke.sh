@@ -8,14 +8,14 @@
 #
 #   bash bench/smoke.sh                  # from the repo root; ONLY="vs_trl roofline" runs some of them
 #
-# Not here: vs_trl_episodes.py's runs (they need SmolLM2 and TRL's own virtualenv; its summary is
-# recomputed from the checked-in results instead) and gpu_check.sh (a CUDA device).
+# Not here: vs_trl_episodes.py's and vs_trl_qwen_tools.py's runs (they need SmolLM2 or Qwen2.5 and TRL;
+# their summaries are recomputed from the checked-in results instead) and gpu_check.sh (a CUDA device).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT=${OUT:-$(mktemp -d)}
 TOKENIZER=${TOKENIZER:-.gpu/tokenizer}
-ONLY=${ONLY:-model vs_trl trl_ppo reward_curve profile_step roofline scaling memory_settings minibatch_fit engine_copies dtype_runs rg_screen rg_learning vs_trl_episodes gpu_table}
+ONLY=${ONLY:-model vs_trl trl_ppo reward_curve profile_step roofline scaling memory_settings minibatch_fit engine_copies dtype_runs rg_screen rg_learning vs_trl_episodes vs_trl_qwen_tools gpu_table}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 export PATH="$(dirname "$(command -v "$PY")"):$PATH"  # rg_screen.py runs `llmrl eval`
 mkdir -p "$OUT"
@@ -76,6 +76,8 @@ step rg_screen "$PY" bench/rg_screen.py --model tiny --tasks leg_counting --size
 step rg_learning "$PY" bench/rg_learning.py --recipe "$OUT/tiny-rg.yaml" --runs "leg_counting:0" --root "$OUT/rg-runs" --out "$OUT/rg-learning.json"
 cp bench/results/vs-trl-episodes.json "$OUT/vs-trl-episodes.json"
 step vs_trl_episodes "$PY" bench/vs_trl_episodes.py --skip probe llmrl-1 trl-full llmrl-2 trl-timing --out "$OUT/vs-trl-episodes.json"
+cp bench/results/vs-trl-tools-qwen0.5b.json "$OUT/vs-trl-tools.json"
+step vs_trl_qwen_tools "$PY" bench/vs_trl_qwen_tools.py --skip llmrl-1 trl-full llmrl-2 --out "$OUT/vs-trl-tools.json"
 if [[ " $ONLY " == *" gpu_table "* && "$TOKENIZER" != .gpu/tokenizer ]]; then
   echo "gpu_table: skipped (it reads .gpu/tokenizer; TOKENIZER is $TOKENIZER)"
 else

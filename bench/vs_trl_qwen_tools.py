@@ -18,7 +18,8 @@ is scored by the same `llmrl eval` as llmrl's runs (greedy, the first 100 held-o
 so both sides' accuracy is one yardstick; TRL's own view (its tool-call frequency, reward) is recorded.
 
 Order: llmrl (timing), TRL (full, with its eval), llmrl (timing), each in its own process; peak RSS of
-each by GNU time. The first step of every run is a warm-up and is not counted in s/step.
+each by GNU time. The first step of every run is a warm-up and is not counted in s/step. `--skip` leaves
+runs out (their results already in --out are kept); skipping all three only re-summarises.
 
     python bench/vs_trl_qwen_tools.py --trl-steps 12 --timing-steps 3 \\
         --llmrl-runs /work/calcq0 ... --out bench/results/vs-trl-tools-qwen0.5b.json
@@ -181,6 +182,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--trl-steps", type=int, default=12)
     p.add_argument("--timing-steps", type=int, default=3)
+    p.add_argument("--skip", nargs="*", default=[], help="llmrl-1, trl-full, llmrl-2: runs left out")
     p.add_argument("--llmrl-runs", nargs="*", default=[], help="folders of whole recipe runs: their accuracy and s/step")
     p.add_argument("--out", default=str(ROOT / "bench/results/vs-trl-tools-qwen0.5b.json"))
     args = p.parse_args()
@@ -192,25 +194,30 @@ def main() -> None:
         return
     from rg_screen import cpu_name
 
-    results: dict[str, Any] = {"cpu": cpu_name(), "model": MODEL, "recipe": RECIPE, "runs": {}}
+    results: dict[str, Any] = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {"runs": {}}
+    results.update(cpu=cpu_name(), model=MODEL, recipe=RECIPE)  # runs left out (--skip) keep their earlier results
     for name, fn in (("llmrl-1", lambda: llmrl_timing(args.timing_steps)), ("trl-full", lambda: trl_full(args.trl_steps)),
                      ("llmrl-2", lambda: llmrl_timing(args.timing_steps))):
+        if name in args.skip:
+            continue
         results["runs"][name] = fn()
         Path(args.out).write_text(json.dumps(results, indent=1, default=str) + "\n")
     for folder in args.llmrl_runs:
         summ = json.loads((Path(folder) / "summary.json").read_text())
+        steps = [json.loads(line) for line in (Path(folder) / "metrics.jsonl").read_text().splitlines() if line.strip()]
         results.setdefault("llmrl_full_runs", {})[folder] = {
-            k: summ.get(k) for k in ("seed", "steps", "eval_accuracy_before", "eval_accuracy_after", "wall_time_s",
-                                     "step_time_s_mean")}
+            "step_s": [r["step_time_s"] for r in steps], "reward": [r["reward_mean"] for r in steps],
+            **{k: summ.get(k) for k in ("seed", "steps", "eval_accuracy_before", "eval_accuracy_after", "wall_time_s",
+                                        "peak_rss_mib")}}
     k = args.timing_steps
     runs = results["runs"]
-    llmrl_s = [x for n in ("llmrl-1", "llmrl-2") for x in runs[n].get("step_s", [])[1:k]]
-    trl_s = runs["trl-full"].get("step_s", [])[1:k]
+    llmrl_s = [x for n in ("llmrl-1", "llmrl-2") for x in runs.get(n, {}).get("step_s", [])[1:k]]
+    trl_s = runs.get("trl-full", {}).get("step_s", [])[1:k]
     results["summary"] = {
         f"llmrl_s_per_step_2_to_{k}": vte.mean(llmrl_s), f"trl_s_per_step_2_to_{k}": vte.mean(trl_s),
-        "llmrl_peak_rss_mib": max((runs[n].get("peak_rss_mib", 0) for n in ("llmrl-1", "llmrl-2")), default=None),
-        "trl_peak_rss_mib": runs["trl-full"].get("peak_rss_mib"),
-        "trl_accuracy_after": runs["trl-full"].get("eval_after_by_llmrl_eval", {}).get("greedy", {}).get("accuracy")}
+        "llmrl_peak_rss_mib": max((runs.get(n, {}).get("peak_rss_mib", 0) for n in ("llmrl-1", "llmrl-2")), default=None),
+        "trl_peak_rss_mib": runs.get("trl-full", {}).get("peak_rss_mib"),
+        "trl_accuracy_after": runs.get("trl-full", {}).get("eval_after_by_llmrl_eval", {}).get("greedy", {}).get("accuracy")}
     Path(args.out).write_text(json.dumps(results, indent=1, default=str) + "\n")
     print(json.dumps(results["summary"], indent=1))
 
