@@ -215,7 +215,14 @@ def main() -> None:
     trl_s = runs.get("trl-full", {}).get("step_s", [])[1:k]
     results["summary"] = {
         f"llmrl_s_per_step_2_to_{k}": vte.mean(llmrl_s), f"trl_s_per_step_2_to_{k}": vte.mean(trl_s),
-        "llmrl_peak_rss_mib": max((runs.get(n, {}).get("peak_rss_mib", 0) for n in ("llmrl-1", "llmrl-2")), default=None),
+        "llmrl_peak_rss_mib": max((runs[n]["peak_rss_mib"] for n in ("llmrl-1", "llmrl-2") if "peak_rss_mib" in runs.get(n, {})),
+                                  default=None),
+        "llmrl_full_runs_s_per_step_2_to_%d" % k: vte.mean(
+            [x for r in results.get("llmrl_full_runs", {}).values() for x in r["step_s"][1:k]]),
+        "llmrl_full_runs_peak_rss_mib": max((r["peak_rss_mib"] for r in results.get("llmrl_full_runs", {}).values()),
+                                            default=None),
+        "llmrl_full_runs_accuracy": [(r["eval_accuracy_before"], r["eval_accuracy_after"])
+                                     for r in results.get("llmrl_full_runs", {}).values()],
         "trl_peak_rss_mib": runs.get("trl-full", {}).get("peak_rss_mib"),
         "trl_accuracy_after": runs.get("trl-full", {}).get("eval_after_by_llmrl_eval", {}).get("greedy", {}).get("accuracy")}
     Path(args.out).write_text(json.dumps(results, indent=1, default=str) + "\n")
