@@ -54,12 +54,8 @@ learn, and episodes that show how (docs/environments.md)."""
 
 
 JSON_FORMAT = "json"
-JSON_DEMO: list[dict[str, str]] = [
-    {"role": "user", "content": "What is 12*34?"},
-    {"role": "assistant", "content": '{"name": "calculator", "arguments": {"expression": "12*34"}}'},
-    {"role": "tool", "content": "408"},
-    {"role": "assistant", "content": "408"},
-]
+JSON_DEMO: list[dict[str, str]] = [DEMO[0], {"role": "assistant", "content": '{"name": "calculator", "arguments": '
+                                                 '{"expression": "12*34"}}'}, *DEMO[2:]]
 """`DEMO` with its call as the bare JSON object Qwen2.5-Coder-0.5B-Instruct writes when the template offers
 it a tool (29 of 32 first turns; `bench/probes/tool_answers.py`, bench/results/tool-answers-qwen0.5b.json).
 With no worked example that model calls the calculator again after its result instead of answering (0 of
