@@ -22,6 +22,7 @@ from .errors import ConfigError
 from .run.actor import load_actor
 from .run.evaluate import evaluate, evaluate_episodes, evaluate_sampled, evaluate_sampled_episodes, with_groups
 from .models.load import load_base
+from .models.prompts import uses_chat
 from .models.stack import PolicyStack
 from .models.tokenizer import stop_token_ids
 from .run.folder import MARKER
@@ -53,14 +54,21 @@ def load_target(model: str, *, device: str | None = None, show_progress: bool = 
 
 
 def resolve_task(task: str | None, target: EvalTarget, dataset: str | None = None,
-                 reward: str | None = None) -> Task:
+                 reward: str | None = None, system_prompt: str | None = None) -> Task:
     """The evaluation task.
 
     `dataset`: every row of that file (or hub dataset) is an eval row, scored by `reward` or, for a
     run, by the run's own `reward.functions`. `task`: a built-in task. Neither: the run's own task
     or dataset split (`task_from_config` of its config), or the default task for a plain model.
+    `system_prompt` replaces data.system_prompt (the run's, or none for a plain model): the system
+    message put first in each prompt, which needs the model's chat template.
     """
     cfg = target.config
+    if system_prompt is not None:
+        if not uses_chat(target.tokenizer):
+            raise ConfigError(f"--system-prompt needs a chat template to render it, and the {target.label} has none; "
+                              "drop the option or evaluate a chat model.")
+        cfg = replace(cfg, data=replace(cfg.data, system_prompt=system_prompt))
     if reward is not None:
         cfg = replace(cfg, reward=replace(cfg.reward, functions=[reward]))
     if dataset is not None:
@@ -98,13 +106,14 @@ def eval_model(
     show_progress: bool = False,
     env: str | None = None,
     tool_format: str | None = None,
+    system_prompt: str | None = None,
 ) -> dict[str, Any]:
     """Greedy accuracy and mean reward on the task's eval split (first `size` rows; with `dataset`,
     the file's first rows, which may be rows a run trained on: `prompts_from` says which), and with
     `samples` K > 0 the mean sampled reward, pass@1 and pass@K (unbiased, n = K). JSON-ready.
 
     Defaults come from the run's config (or the default config for a plain model): eval.size,
-    rollout.max_new_tokens, rollout.temperature, rollout.top_p, eval.batch_size.
+    rollout.max_new_tokens, rollout.temperature, rollout.top_p, eval.batch_size, data.system_prompt.
 
     Episodes (docs/environments.md) when an environment applies: `env`, else the run's rollout.env,
     else the task's own (calc, guess, ta:ENV_ID); rollout.max_turns and the other episode limits come
@@ -113,7 +122,7 @@ def eval_model(
     """
     target = load_target(model, device=device, show_progress=show_progress)
     cfg = target.config
-    chosen = resolve_task(task, target, dataset, reward)
+    chosen = resolve_task(task, target, dataset, reward, system_prompt)
     rows = chosen.eval[: cfg.eval.size if size is None else size]
     if not rows:
         raise ConfigError(_no_prompts(chosen, target))

@@ -129,3 +129,18 @@ def test_a_reasoning_gym_task_trains_through_the_template_with_a_system_prompt(c
     assert [r["prompt"] for r in runs["empty"]] == [[{"role": "system", "content": ""}, {"role": "user", "content": r["prompt"]}]
                                                      for r in runs["default"]]  # the same questions, the system message first
     assert all("<answer>" in r["prompt"] for r in runs["default"])  # reasoning-gym's tag convention stated
+
+
+def test_eval_system_prompt_opens_each_held_out_prompt_and_needs_a_template(chatml_dir: Path) -> None:
+    """`llmrl eval --system-prompt`: the base is scored on the prompts a run with that data.system_prompt
+    trains on (the message first, the question after it); a model without a chat template is refused."""
+    from llmrl.errors import ConfigError
+    from llmrl.model_eval import load_target, resolve_task
+
+    target = load_target(str(chatml_dir))
+    plain = resolve_task("chat_sum", target).eval
+    ruled = resolve_task("chat_sum", target, system_prompt="Think briefly.").eval
+    assert [r["prompt"] for r in ruled] == [[{"role": "system", "content": "Think briefly."}, *r["prompt"]] for r in plain]
+    assert [r["answer"] for r in ruled] == [r["answer"] for r in plain] and plain[0]["prompt"][0]["role"] == "user"
+    with pytest.raises(ConfigError, match="--system-prompt needs a chat template to render it, and the model tiny has none"):
+        resolve_task("arithmetic", load_target("tiny"), system_prompt="Think briefly.")

@@ -68,6 +68,7 @@ def eval(  # noqa: A001 - the command is called `eval`
     device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda or auto. Default: the run's model.device."),
     env: Optional[str] = typer.Option(None, "--env", help="Score in episodes in this environment: calculator, guess, ta:ENV_ID (TextArena), module:Class or file.py:Class. Default: the run's rollout.env or the task's own (calc, guess, ta:ENV_ID)."),
     tool_format: Optional[str] = typer.Option(None, "--tool-format", help="With a tool environment, how the model's calls are read: hermes, json or plain (rollout.tool_format). Default: the run's (or the task's own)."),
+    system_prompt: Optional[str] = typer.Option(None, "--system-prompt", help="System message put first in each prompt (data.system_prompt; needs a chat template). Default: the run's (a plain model: its template's own)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
 ) -> None:
     """Score a model on held-out prompts (or the first rows of --dataset, which may be rows it trained
@@ -84,7 +85,7 @@ def eval(  # noqa: A001 - the command is called `eval`
         raise ConfigError(f"--tool-format must be one of {', '.join(FORMATS)}; got '{tool_format}'.")
     report = eval_model(model, task=task, dataset=dataset, reward=reward, samples=samples, size=size, seed=seed, temperature=temperature,
                         max_new_tokens=max_new_tokens, device=device, show_progress=not as_json, env=env,
-                        tool_format=tool_format)
+                        tool_format=tool_format, system_prompt=system_prompt)
     if as_json:
         typer.echo(json.dumps(report))
         return
