@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import Config, load_config
+from .config.domains import check_prose
 from .engines import build_engine
 from .envs import ENVS, EnvSpec, resolve_env
 from .envs.checks import preflight
@@ -65,6 +66,7 @@ def resolve_task(task: str | None, target: EvalTarget, dataset: str | None = Non
     """
     cfg = target.config
     if system_prompt is not None:
+        check_prose("--system-prompt", system_prompt)
         if not uses_chat(target.tokenizer):
             raise ConfigError(f"--system-prompt needs a chat template to render it, and the {target.label} has none; "
                               "drop the option or evaluate a chat model.")

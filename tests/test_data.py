@@ -164,6 +164,16 @@ def test_chat_template_renders_strings_and_messages_and_can_be_turned_off() -> N
     apply_chat_setting(_chat_tokenizer(), "auto", "m", system_prompt="")  # with one: accepted
 
 
+def test_a_system_prompt_is_any_text_but_a_nul_byte_or_bytes_that_are_not_utf8() -> None:
+    """A command line's undecodable bytes reach Python as lone surrogates ('\\udcff'), which no tokenizer
+    encodes: refused in one sentence, as a NUL byte is; line breaks and any other character are prose."""
+    assert load_config(overrides={"data.system_prompt": "Think.\nThen answer: ünïcödé ✓"}).data.system_prompt.endswith("✓")
+    with pytest.raises(ConfigError, match="'data.system_prompt' must be valid UTF-8 text, got 'bad \\\\udcff'"):
+        load_config(overrides={"data.system_prompt": "bad \udcff"})
+    with pytest.raises(ConfigError, match="'data.system_prompt' must not hold a NUL byte"):
+        load_config(overrides={"data.system_prompt": "a\x00b"})
+
+
 @pytest.fixture(scope="module")
 def chat_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
     """The tiny test model with TEMPLATE as its tokenizer's chat template."""

@@ -169,3 +169,17 @@ def test_a_torchvision_built_for_another_torch_is_one_sentence_before_anything_l
         "ImportError: The installed torchvision cannot be imported (operator torchvision::nms does not exist): it "
         "was built for another torch, and transformers and vLLM fail with it; text models need none of it: "
         "pip uninstall -y torchvision torchaudio torchcodec."), library.stderr
+
+
+def test_the_log_of_an_error_keeps_a_command_line_with_undecodable_bytes(tmp_path: Path) -> None:
+    """The last resort never fails itself: a command line holding bytes that are not UTF-8 (lone
+    surrogates in Python) is written escaped beside the traceback."""
+    from llmrl.run.crash import write_log
+
+    try:
+        raise RuntimeError("deep")
+    except RuntimeError as exc:
+        path = write_log(exc, tmp_path / "error.log", "llmrl eval --system-prompt 'bad \udcff'")
+    assert path == tmp_path / "error.log"
+    text = path.read_text(encoding="utf-8")
+    assert "llmrl eval --system-prompt 'bad \\udcff'" in text and "RuntimeError: deep" in text

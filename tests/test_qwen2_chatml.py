@@ -142,5 +142,7 @@ def test_eval_system_prompt_opens_each_held_out_prompt_and_needs_a_template(chat
     ruled = resolve_task("chat_sum", target, system_prompt="Think briefly.").eval
     assert [r["prompt"] for r in ruled] == [[{"role": "system", "content": "Think briefly."}, *r["prompt"]] for r in plain]
     assert [r["answer"] for r in ruled] == [r["answer"] for r in plain] and plain[0]["prompt"][0]["role"] == "user"
+    with pytest.raises(ConfigError, match="'--system-prompt' must be valid UTF-8 text"):  # undecodable command-line bytes
+        resolve_task("chat_sum", target, system_prompt="bad \udcff")
     with pytest.raises(ConfigError, match="--system-prompt needs a chat template to render it, and the model tiny has none"):
         resolve_task("arithmetic", load_target("tiny"), system_prompt="Think briefly.")

@@ -103,6 +103,17 @@ def _check_module(key: str, name: str) -> None:
         raise ConfigError(f"'{key}' must be a Python module name such as 'my_pkg.estimators', got {name!r}.")
 
 
+def check_prose(key: str, value: str) -> None:
+    """Free text (a system prompt): any characters but a NUL byte, and valid UTF-8 (a command line's
+    undecodable bytes arrive as lone surrogates, which no tokenizer takes)."""
+    if "\x00" in value:
+        raise ConfigError(f"'{key}' must not hold a NUL byte, got {value!r}.")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"'{key}' must be valid UTF-8 text, got {value!r}.") from None
+
+
 def check_domain(key: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> None:
     """Raise a ConfigError when a coerced `value` lies outside the domain no field states explicitly
     (the explicit bounds are `load.check_bounds`')."""
@@ -114,8 +125,7 @@ def check_domain(key: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> None
     if base is float and "max" not in meta and abs(value) > FLOAT_MAX:
         raise ConfigError(f"'{key}' must lie within float32's range (|x| ≤ {FLOAT_MAX:.4g}), got {value!r}.")
     if base is str and meta.get("kind") == "prose":
-        if "\x00" in value:
-            raise ConfigError(f"'{key}' must not hold a NUL byte, got {value!r}.")
+        check_prose(key, value)
     elif base is str:
         _check_text(key, value)
         if meta.get("kind") == "module":

@@ -54,7 +54,7 @@ def write_log(exc: BaseException, path: Path, command: str = "") -> Path | None:
     head = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC  {command}\n".lstrip()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w") as fh:
+        with open(path, "w", encoding="utf-8", errors="backslashreplace") as fh:  # a command line may hold undecodable bytes
             fh.write(head + text)
     except OSError:
         return None
