@@ -22,6 +22,7 @@ from llmrl.run.checkpoint import trainable_state
 from llmrl.step.estimate import estimate, shape_rewards
 from llmrl.step.records import StepPlan
 from llmrl.run.session import resolve_estimator
+from llmrl.step.forward import sequences
 from llmrl.step.update import make_optimizers, update
 from llmrl.models.stack import PolicyStack
 from llmrl.models.tokenizer import build_char_tokenizer
@@ -139,3 +140,34 @@ def test_actor_scale_scales_the_actor_gradient_only() -> None:
         assert len(first_plain) == len(first_scaled) > 0 and max(float(g.abs().max()) for g in first_plain) > 1e-3
         for a, b in zip(first_scaled, first_plain):
             torch.testing.assert_close(a, factor * b, atol=1e-12, rtol=0)
+
+
+def test_the_logged_entropy_is_the_per_token_mean_whatever_the_loss_aggregation() -> None:
+    """The `entropy` stat is Σ_it H_it·m_it / Σ_it m_it for every `update.loss_agg` (Dr. GRPO's
+    seq-mean-token-sum trains on per-completion sums, but a metric ≈ T× larger would not compare
+    across algorithms). One epoch of one minibatch of all 8 rows: the forward sees the initial
+    weights, so the three runs log the same number, and it is the mean computed here (float64)."""
+    stack, initial, batch, targets, config = _fixture("grpo")
+    named = dict(stack.named_parameters())
+    logged = {}
+    for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+        with torch.no_grad():
+            for name, value in initial.items():
+                named[name].copy_(value)
+        cfg = config.update.__class__(**{**config.update.__dict__, "minibatch_size": 8, "epochs": 1,
+                                         "micro_batch_size": 3, "loss_agg": agg})
+        result = update(stack, make_optimizers(stack, cfg), batch, targets, cfg, config.kl, config.kl.beta,
+                        config.rollout.temperature, torch.Generator().manual_seed(7))
+        logged[agg] = result.stats["entropy"]
+    with torch.no_grad():
+        for name, value in initial.items():
+            named[name].copy_(value)
+        with stack.use("actor"):
+            _, h = stack.response_stats(sequences(batch), batch.response_ids, batch.response_mask,
+                                        config.rollout.temperature, entropy="logged")
+    mask = batch.response_mask
+    expected = float(h[mask].sum() / mask.sum())
+    lengths = mask.sum(-1).double()
+    assert float(lengths.mean()) > 2  # a per-completion sum would be more than twice the mean
+    for agg, value in logged.items():
+        assert abs(value - expected) <= 1e-9, (agg, value, expected)

@@ -31,6 +31,7 @@ from ..config.schema import KLConfig, UpdateConfig
 from ..corrections import get_correction
 from ..losses import aggregate, check_policy_loss, get_policy_loss, kl_penalty, value_loss
 from ..models.stack import PolicyStack, at_least_float32
+from ..ops import masked_sum
 from ..parallel.distributed import SINGLE, DistContext
 from .forward import sequences
 from .grad_stats import GradMoments
@@ -134,7 +135,9 @@ def _actor_loss(stack: PolicyStack, mb: TrainRows, adv: Tensor, cfg: UpdateConfi
     # every stat is this micro-batch's share of the minibatch value, so shares add up (over
     # micro-batches and ranks): losses are already normalised by the totals, token means are weighted
     share = _token_share(mask, totals)
-    stats = {"policy_loss": pl.loss.item(), "entropy": ent.item(), "clip_frac": pl.clip_frac.item() * share,
+    # the logged entropy is the per-token mean whatever loss_agg trains on (this micro-batch's share)
+    logged = masked_sum(entropy.detach(), mask) / totals["total_tokens"]
+    stats = {"policy_loss": pl.loss.item(), "entropy": logged.item(), "clip_frac": pl.clip_frac.item() * share,
              "approx_kl": pl.approx_kl.item() * share}
     return loss, stats, old
 
