@@ -72,6 +72,11 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=100)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    missing = [m for m in args.model if not Path(m, "config.json").is_file()]
+    if missing:
+        parser.error(f"--model must be a model folder with a config.json (e.g. from `llmrl export`), got {missing[0]!r}")
+    if args.n < 1:
+        parser.error(f"--n must be a positive number of questions, got {args.n}")
     torch.set_num_threads(2)
     rows = task_from_config(load_config(overrides={"task": "rg:number_format"})).eval[:args.n]
     results = {}
