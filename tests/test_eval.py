@@ -18,7 +18,7 @@ from llmrl.engines import build_engine
 from llmrl.engines.base import GenerationRequest, SamplingSettings
 from llmrl.model_eval import eval_model, load_target, resolve_task
 from llmrl.models.tokenizer import stop_token_ids
-from llmrl.run.evaluate import evaluate, pass_at_k
+from llmrl.run.evaluate import batch_order, evaluate, in_row_order, pass_at_k
 from llmrl.step.generate import encode_prompts
 from llmrl.tasks import TASKS, Task, get_task
 from tests.helpers import digits_task as make_digits_task
@@ -109,6 +109,30 @@ def test_eval_metrics_eos_rate_and_length_are_those_of_its_completions(run_dir: 
     assert res.metrics["eos_rate"] == pytest.approx(sum(ended) / 12, abs=1e-12)
     assert res.metrics["response_len"] == pytest.approx(sum(lengths) / 12, abs=1e-12)
     assert res.metrics["first_is_one"] == pytest.approx(sum(c[:1] == "1" for c in res.completions) / 12, abs=1e-12)
+
+
+def test_rows_that_share_an_opening_are_batched_together_and_come_back_in_row_order(run_dir: Path) -> None:
+    # a mixture's held-out rows come one task at a time (A, B, A, B, …); batched in that order every
+    # batch holds both tasks and shares only the template's opening
+    mixed = [f"Task {t}: question {i}" for i in range(4) for t in "AB"]
+    assert batch_order(mixed, 3) == [0, 2, 4, 6, 1, 3, 5, 7]  # A's four, then B's four
+    assert batch_order(mixed, 8) == list(range(8))  # one batch: the rows as given, the plain batch
+    chats = [[{"role": "user", "content": p}] for p in mixed]
+    assert batch_order(chats, 3) == [0, 2, 4, 6, 1, 3, 5, 7]
+    assert in_row_order([mixed[i] for i in batch_order(mixed, 3)], batch_order(mixed, 3)) == mixed
+    # through the real engine: 12 rows in batches of 5, run in another order than given, come back in
+    # row order (equal to one batch of 12, which runs them as given)
+    target = load_target(str(run_dir))
+    task = resolve_task(None, target)
+    engine = build_engine("hf", stack=target.stack, tokenizer=target.tokenizer, config=target.config)
+    rows = task.eval[:12]
+    order = batch_order([r["prompt"] for r in rows], 5)
+    whole = evaluate(engine, target.tokenizer, rows, task.reward, max_new_tokens=4, batch_size=12)
+    batched = evaluate(engine, target.tokenizer, rows, task.reward, max_new_tokens=4, batch_size=5)
+    # the completions in batch order differ from them in row order: an order not undone would show
+    assert [whole.completions[i] for i in order] != whole.completions
+    assert batched.completions == whole.completions
+    assert (batched.accuracy, batched.reward_mean) == (whole.accuracy, whole.reward_mean)
 
 
 def test_sampled_eval(run_dir: Path) -> None:

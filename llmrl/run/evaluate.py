@@ -4,6 +4,7 @@ engine (engines/), like the training step."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
@@ -14,6 +15,7 @@ from ..engines.base import GenerationEngine, GenerationRequest, SamplingSettings
 from ..ops import ends_with_stop
 from ..config.schema import RolloutConfig
 from ..envs import EnvSpec
+from ..models.prompts import Prompt
 from ..step.episodes import generate_episodes
 from ..step.generate import decode, encode_prompts
 from ..step.score import score_texts
@@ -48,18 +50,21 @@ def evaluate(
     metrics: Mapping[str, Callable[..., Sequence[float]]] | None = None,
     stop_ids: int | Sequence[int] = (),
 ) -> EvalResult:
-    """Greedy-decode every row's prompt in batches (under `role`) and score the completions; the
-    task's `metrics` are means of their 0/1 values; eos_rate counts the completions whose last
-    token is one of `stop_ids`."""
-    completions: list[str] = []
+    """Greedy-decode every row's prompt in batches (under `role`; rows that share an opening batched
+    together: `batch_order`) and score the completions, returned in row order; the task's `metrics`
+    are means of their 0/1 values; eos_rate counts the completions whose last token is one of
+    `stop_ids`."""
+    order = batch_order([r["prompt"] for r in rows], batch_size)
+    texts: list[str] = []
     lengths, ended = [], []
     for start in range(0, len(rows), batch_size):
-        chunk = rows[start : start + batch_size]
+        chunk = [rows[i] for i in order[start : start + batch_size]]
         ids, mask = encode_prompts(tokenizer, [r["prompt"] for r in chunk], torch.device("cpu"))
         gen = engine.generate(GenerationRequest(ids, mask, 1, SamplingSettings(max_new_tokens), role=role))
-        completions += decode(tokenizer, gen.response_ids, gen.response_mask)
+        texts += decode(tokenizer, gen.response_ids, gen.response_mask)
         lengths.append(gen.response_mask.sum(-1).cpu())
         ended.append(ends_with_stop(gen.response_ids, gen.response_mask, stop_ids).cpu())
+    completions = in_row_order(texts, order)
     rewards = score_texts(reward_fn, rows, completions) if rows else torch.zeros(0)
     n = max(len(rows), 1)
     extra = {name: float(score_texts(fn, rows, completions).sum()) / n for name, fn in (metrics or {}).items()} if rows else {}
@@ -67,6 +72,26 @@ def evaluate(
         extra["eos_rate"] = float(torch.cat(ended).sum()) / n
         extra["response_len"] = float(torch.cat(lengths).sum()) / n
     return EvalResult(float((rewards >= success).sum()) / n, float(rewards.sum()) / n, completions, extra)
+
+
+def batch_order(prompts: Sequence[Prompt], batch_size: int) -> list[int]:
+    """The order in which the rows of an evaluation are batched: as given when they fit one batch (the
+    plain batch, bit for bit); otherwise sorted by their prompt's text, so that rows sharing an opening
+    share a batch. The engine prefills the opening every row of a batch starts with once
+    (models/prefix.py), and a mixture's tasks differ after the chat template's first tokens: batched in
+    turn (1, 2, 3, 1, …) every batch pads to the longest task and shares no task's instructions."""
+    if len(prompts) <= batch_size:
+        return list(range(len(prompts)))
+    text = [p if isinstance(p, str) else json.dumps(p, sort_keys=True, ensure_ascii=False) for p in prompts]
+    return sorted(range(len(prompts)), key=text.__getitem__)
+
+
+def in_row_order(values: Sequence[Any], order: Sequence[int]) -> list[Any]:
+    """values[j] belongs to row order[j]: the values in row order (the inverse of `batch_order`)."""
+    out: list[Any] = [None] * len(order)
+    for j, i in enumerate(order):
+        out[i] = values[j]
+    return out
 
 
 @torch.no_grad()
@@ -223,19 +248,23 @@ def evaluate_sampled(
     """Sample K = `samples` completions per prompt and report pass@1 and pass@K.
 
     Sample j of prompt i draws its uniforms from (seed, EVAL_STEP, i, j) exactly as a training
-    rollout does, so the result does not depend on `batch_size`.
+    rollout does, so the result does not depend on `batch_size` nor on the order rows are batched in
+    (`batch_order`).
     """
-    prompts = [r["prompt"] for r in rows for _ in range(samples)]
-    prompt_index = torch.arange(len(rows)).repeat_interleave(samples)
+    order = batch_order([r["prompt"] for r in rows], max(1, batch_size // samples)) if samples else list(range(len(rows)))
+    prompts = [rows[i]["prompt"] for i in order for _ in range(samples)]
+    prompt_index = torch.tensor(order, dtype=torch.long).repeat_interleave(samples)
     sample_index = torch.arange(samples).repeat(len(rows))
-    texts: list[str] = []
+    drawn: list[str] = []
     for start in range(0, len(prompts), batch_size):
         stop = start + batch_size
         ids, mask = encode_prompts(tokenizer, prompts[start:stop], torch.device("cpu"))
         keys = row_keys(seed, EVAL_STEP, prompt_index[start:stop], sample_index[start:stop])
         settings = SamplingSettings(max_new_tokens, temperature, top_p)
         gen = engine.generate(GenerationRequest(ids, mask, 1, settings, keys, role=role))
-        texts += decode(tokenizer, gen.response_ids, gen.response_mask)
+        drawn += decode(tokenizer, gen.response_ids, gen.response_mask)
+    per_row = in_row_order([drawn[j * samples : (j + 1) * samples] for j in range(len(rows))], order)
+    texts = [t for group in per_row for t in group]
     expanded = [r for r in rows for _ in range(samples)]
     rewards = score_texts(reward_fn, expanded, texts) if rows else torch.zeros(0)
     correct = (rewards >= success).view(len(rows), samples).sum(1).tolist() if rows else []
