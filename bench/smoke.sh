@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT=${OUT:-$(mktemp -d)}
 TOKENIZER=${TOKENIZER:-.gpu/tokenizer}
-ONLY=${ONLY:-model vs_trl trl_ppo reward_curve profile_step roofline scaling memory_settings minibatch_fit engine_copies dtype_runs rg_screen rg_learning vs_trl_episodes vs_trl_qwen_tools gpu_table}
+ONLY=${ONLY:-model vs_trl trl_ppo reward_curve profile_step roofline scaling memory_settings minibatch_fit engine_copies dtype_runs rg_screen rg_learning eval_order vs_trl_episodes vs_trl_qwen_tools gpu_table}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 export PATH="$(dirname "$(command -v "$PY")"):$PATH"  # rg_screen.py runs `llmrl eval`
 mkdir -p "$OUT"
@@ -74,6 +74,8 @@ step engine_copies "$PY" bench/engine_copies.py --model "$MODEL" --rows 8 --toke
 step dtype_runs "$PY" bench/dtype_runs.py --recipe "$OUT/tiny.yaml" --seeds 0 --dtypes float32,bfloat16 --root "$OUT/dtype-runs" --out "$OUT/dtype-runs.json"
 step rg_screen "$PY" bench/rg_screen.py --model tiny --tasks leg_counting --size 4 --max-new-tokens 8 --out "$OUT/rg-screen.json"
 step rg_learning "$PY" bench/rg_learning.py --recipe "$OUT/tiny-rg.yaml" --runs "leg_counting:0" --root "$OUT/rg-runs" --out "$OUT/rg-learning.json"
+step eval_order "$PY" bench/eval_order.py --model tiny --task "arithmetic,rg:leg_counting" --size 12 --batch-size 5 \
+  --max-new-tokens 4 --repeats 1 --threads 1 --out "$OUT/eval-order.json"
 cp bench/results/vs-trl-episodes.json "$OUT/vs-trl-episodes.json"
 step vs_trl_episodes "$PY" bench/vs_trl_episodes.py --skip probe llmrl-1 trl-full llmrl-2 trl-timing --out "$OUT/vs-trl-episodes.json"
 cp bench/results/vs-trl-tools-qwen0.5b.json "$OUT/vs-trl-tools.json"
