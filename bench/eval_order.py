@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from rg_screen import cpu_name  # noqa: E402
 
 from llmrl.engines import build_engine  # noqa: E402
+from llmrl.errors import ConfigError  # noqa: E402
 from llmrl.model_eval import load_target, resolve_task  # noqa: E402
 from llmrl.models.tokenizer import stop_token_ids  # noqa: E402
 from llmrl.run import evaluate as ev  # noqa: E402
@@ -60,8 +61,11 @@ def main() -> None:
     if not Path(args.model).is_dir() and "/" in args.model:
         parser.error(f"no model folder {args.model}")
     torch.set_num_threads(args.threads)
-    target = load_target(args.model)
-    task = resolve_task(args.task, target)
+    try:
+        target = load_target(args.model)
+        task = resolve_task(args.task, target)
+    except ConfigError as err:
+        parser.error(str(err))
     rows = task.eval[: args.size]
     engine = build_engine("hf", stack=target.stack, tokenizer=target.tokenizer, config=target.config)
     runs: list[dict] = []
