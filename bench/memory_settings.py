@@ -7,6 +7,8 @@ commands of one configuration under each set of settings, alternated, each in it
     micro4+malloc   micro-batches of 4 rows, no engine copies, the allocator setting
     ckpt            update.activation_checkpointing=true, no engine copies
     ckpt+malloc     the same with MALLOC_MMAP_THRESHOLD_=1048576
+    float32         model.dtype=float32 (the defaults' `auto` picks bfloat16 with AMX)
+    bfloat16        model.dtype=bfloat16 (issue 42's step in both dtypes: `--only float32,bfloat16`)
 
 Per contender: peak RSS (the child's maximum resident set size, GNU time's `%M`), the seconds of each training step (`step_time_s` of
 metrics.jsonl: the first step is a warm-up, the median of the others counts; with `--steps 1` the one
@@ -40,6 +42,8 @@ CONTENDERS: dict[str, tuple[list[str], dict[str, str]]] = {
     "micro4+malloc": (["update.micro_batch_size=4", *NO_COPIES], MALLOC),
     "ckpt": (["update.activation_checkpointing=true", *NO_COPIES], {}),
     "ckpt+malloc": (["update.activation_checkpointing=true", *NO_COPIES], MALLOC),
+    "float32": (["model.dtype=float32"], {}),
+    "bfloat16": (["model.dtype=bfloat16"], {}),
 }
 BASE = ["--task", "chat_sum", "--algo", "grpo", "--seed", "0", "--set", "rollout.prompts_per_step=8",
         "--set", "rollout.num_generations=8", "--set", "rollout.max_new_tokens=64",
