@@ -25,15 +25,18 @@ from rg_screen import cpu_name  # noqa: E402
 KEYS = ("eval_accuracy_before", "eval_accuracy_after", "step_time_s_mean", "peak_rss_mib", "steps")
 
 
-def one_run(recipe: str | None, seed: int, dtype: str, out: Path) -> dict:
-    """One whole `llmrl train` command (the built-in default when `recipe` is None); its summary's numbers."""
-    args = [*(["--recipe", recipe] if recipe else []), "--seed", str(seed), "--set", f"model.dtype={dtype}"]
+def one_run(recipe: str | None, seed: int, dtype: str, out: Path, task: str | None = None) -> dict:
+    """One whole `llmrl train` command (the built-in default when `recipe` is None; the recipe's task
+    unless `task`); its summary's numbers."""
+    args = [*(["--recipe", recipe] if recipe else []), *(["--task", task] if task else []),
+            "--seed", str(seed), "--set", f"model.dtype={dtype}"]
     return whole_command(args, out, KEYS, seed=seed, dtype=dtype)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipe", default=None, help="a recipe; none: the built-in default")
+    ap.add_argument("--task", default=None, help="a task instead of the recipe's, e.g. rg:number_format")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--root", default="/tmp/dtype-runs")
@@ -41,13 +44,13 @@ def main() -> None:
     a = ap.parse_args()
     out = Path(a.out)
     result = json.loads(out.read_text()) if out.exists() else {}
-    result.update(recipe=a.recipe or "(the built-in default)", cpu=cpu_name())
+    result.update(recipe=a.recipe or "(the built-in default)", cpu=cpu_name(), **({"task": a.task} if a.task else {}))
     done = {(r["seed"], r["dtype"]): r for r in result.get("runs", [])}
     for seed in (int(s) for s in a.seeds.split(",")):
         for dtype in a.dtypes.split(","):
             if (seed, dtype) in done:
                 continue
-            row = one_run(a.recipe, seed, dtype, Path(a.root) / f"{dtype}-s{seed}")
+            row = one_run(a.recipe, seed, dtype, Path(a.root) / f"{dtype}-s{seed}", a.task)
             done[(seed, dtype)] = row
             result["runs"] = list(done.values())
             out.write_text(json.dumps(result, indent=1) + "\n")
