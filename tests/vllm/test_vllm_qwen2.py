@@ -1,8 +1,12 @@
 """A Qwen2-architecture model through the vllm engine (tests/qwen2_tiny.py: biases on q, k and v, an
 LM head of its own, a vocabulary 32× the hidden size): vLLM samples what the trainer computes, and
-after a sync of the adapted q/k/v projections and the trained head, from the new weights."""
+after a sync of the adapted q/k/v projections and the trained head, from the new weights; `llmrl
+train` on it trains through the engine."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +16,7 @@ from llmrl.engines import GenerationRequest, SamplingSettings, build_engine
 from llmrl.models.load import load_base
 from llmrl.models.stack import PolicyStack
 from llmrl.tasks import task_from_config
+from tests.helpers import CLI_SMALL, cli_subprocess
 from tests.qwen2_tiny import save_qwen2
 from tests.vllm.test_vllm_engine import PROMPTS, keys_for, perturb, trainer_logprobs
 
@@ -53,3 +58,24 @@ def test_a_qwen2_model_samples_what_the_trainer_computes_before_and_after_a_sync
     after = draw(run, 0)
     assert not torch.equal(after.response_ids, gen.response_ids)  # same keys, new weights: new draws
     torch.testing.assert_close(after.logprobs, trainer_logprobs(run, after), atol=1e-4, rtol=0)
+
+
+def test_llmrl_train_runs_a_qwen2_model_on_the_vllm_engine(run: dict, tmp_path: Path) -> None:
+    # a real `llmrl train` process (one engine a process: tests/vllm/test_vllm_episodes.py), GRPO on the
+    # built-in sums with the q/k/v/o adapters and the head trained at lr 1e-2, so step 2 samples from
+    # weights the update moved: its log μ must equal the trainer's π_old to float32 rounding, which
+    # holds only if the sync carried the adapted projections (over their biases) and the new head
+    out = tmp_path / "run"
+    done = cli_subprocess(["train", "--model", str(run["folder"]), "--engine", "vllm", "--algo", "grpo",
+                           "--steps", "2", "--out", str(out), *CLI_SMALL, "--set", "rollout.num_generations=2",
+                           "--set", "rollout.max_new_tokens=6", "--set", "update.lr_actor=1e-2",
+                           "--set", "engine.kv_cache_gb=0.05", "--set", "engine.max_model_len=64",
+                           "--set", "lora.target_modules=[q_proj,k_proj,v_proj,o_proj]",
+                           "--set", "lora.modules_to_save=[lm_head]"])
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "step" in r and "is_logprob_diff_max" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["is_logprob_diff_max"] < 1e-4 and abs(r["is_weight_mean"] - 1) < 1e-4 for r in rows)
+    # the first update's merged weights reached the engine: the q/k/v/o projections and the head
+    assert any(r["engine_sync_mb"] > 0 for r in rows)
