@@ -69,6 +69,12 @@ def test_on_avx512_bf16_alone_the_cached_probe_of_the_models_products_decides(tm
     assert precision.fastest_dtype("cpu", epyc, model=model, threads=1)[0] == "bfloat16"
     # AMX and a CPU without bfloat16 are decided by their flags alone, whatever a probe would say
     assert precision.fastest_dtype("cpu", precision.cpu_flags(OLD), model=model, threads=2)[0] == "float32"
+    amx = precision.cpu_flags(AMX_CPU)
+    assert precision.fastest_dtype("cpu", amx, model=model, threads=2) == ("bfloat16", "the CPU has AMX (amx_bf16)")
+    # ... but with AMX too a model under MIN_HIDDEN stays float32 (the tiny default run: 0.373 s a step in
+    # float32, 0.553 in bfloat16 on a Xeon with AMX, docs/performance.md)
+    dtype, why = precision.fastest_dtype("cpu", amx, model="tiny", threads=2)
+    assert dtype == "float32" and why.startswith("a model this small (hidden size 64) gains nothing from bfloat16, even with AMX")
     # a model as small as the built-in tiny one is never probed: float32, whatever a cached probe says
     _probed(dtype_probe.model_shapes("tiny"), 2, epyc, 9.0)
     dtype, why = precision.fastest_dtype("cpu", epyc, model="tiny", threads=2)
@@ -134,14 +140,17 @@ def test_model_shapes_come_from_the_models_own_config(tiny_model_dir: Path, tmp_
     assert dtype_probe.model_shapes("~nobody-here-at-all/model") is None  # expanduser raises RuntimeError
 
 
-def test_auto_is_resolved_into_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_is_resolved_into_the_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     read = precision.cpu_flags
-    # the default model is tiny: below MIN_HIDDEN, float32 on the EPYC with no probe at all
-    for text, want in ((AMX_CPU, "bfloat16"), (EPYC, "float32")):
+    # the default model is tiny: below MIN_HIDDEN, float32 with AMX too and on the EPYC with no probe at all;
+    # a model of hidden size 512 is bfloat16 with AMX
+    for text, want in ((AMX_CPU, "float32"), (EPYC, "float32")):
         monkeypatch.setattr(precision, "cpu_flags", lambda cpuinfo=None, text=text: read(text))  # this CPU's flags
         cfg = load_config()  # the schema's default, model.dtype auto
         assert cfg.model.dtype == want
         cfg = load_config(sets=["engine.dtype=auto", "model.dtype=float16"])
         assert (cfg.model.dtype, cfg.engine.dtype) == ("float16", want)  # a hand-set dtype is kept
+    monkeypatch.setattr(precision, "cpu_flags", lambda cpuinfo=None: read(AMX_CPU))
+    assert load_config(overrides={"model.name": _model_folder(tmp_path)}).model.dtype == "bfloat16"
     with pytest.raises(ConfigError):
         load_config(sets=["model.dtype=fp8"])

@@ -4,6 +4,8 @@
     CUDA GPU with bfloat16 (Ampere or later) bfloat16    tensor cores run bf16 matmuls several times float32's rate
     CUDA GPU without bfloat16               float32
     CPU that reports amx_bf16 (Intel AMX)   bfloat16     AMX tiles: bf16 matmuls at several times float32's rate
+                                                         (float32 for a model with hidden < 256: the tiny model's
+                                                         default run was 1.48× slower in bf16 on a Xeon with AMX)
     CPU with avx512_bf16, no AMX            measured     bfloat16 where a one-off microbenchmark of the model's own
                                                          products ran ≥ 1.5× faster in it (config/dtype_probe.py,
                                                          cached per machine and model size), else float32: on one
@@ -57,10 +59,22 @@ def fastest_dtype(kind: str, flags: set[str] | None = None, cuda_bf16: bool | No
         return "float32", "the GPU has no bfloat16"
     flags = cpu_flags() if flags is None else flags
     if "amx_bf16" in flags:
+        small = _small_hidden(model)
+        if small is not None:
+            return "float32", (f"a model this small (hidden size {small}) gains nothing from bfloat16, even with AMX: "
+                               "its step is not its products (the tiny model's default run: 1.48× slower in bfloat16)")
         return "bfloat16", "the CPU has AMX (amx_bf16)"
     if "avx512_bf16" in flags:  # measured both ways on such CPUs (docs/performance.md): ask the model's shapes
         return _probed(flags, model, threads)
     return "float32", "the CPU has no bfloat16 instructions (no AMX, no avx512_bf16)"
+
+
+def _small_hidden(model: str | None) -> int | None:
+    """The hidden size of `model` where it is known and under dtype_probe.MIN_HIDDEN, else None."""
+    from . import dtype_probe
+
+    shapes = dtype_probe.model_shapes(model) if model else None
+    return shapes[0] if shapes is not None and shapes[0] < dtype_probe.MIN_HIDDEN else None
 
 
 def _probed(flags: set[str], model: str | None, threads: int | None) -> tuple[str, str]:

@@ -35,7 +35,7 @@ def auto_switch(help: str) -> Any:
 class ModelConfig:
     name: str = opt("tiny", "'tiny', 'tiny-tools' or 'tiny-guess' (built-in), a name from `llmrl models` (once `llmrl models get NAME` obtained it), a Hugging Face hub id, a local model folder or a .gguf file")
     dtype: str = opt("auto", "weights dtype; 'auto': the fastest on this hardware (bfloat16 on a GPU with it or a CPU "
-                     "with AMX; on a CPU with avx512_bf16 alone, what a cached microbenchmark of the model's products "
+                     "with AMX, but float32 for a model of hidden size under 256; on a CPU with avx512_bf16 alone, what a cached microbenchmark of the model's products "
                      "says; else float32; llmrl/config/precision.py)", choices=("auto", "float32", "bfloat16", "float16"))
     device: str = opt("cpu", "where to run", choices=("cpu", "cuda", "auto"))
     attention: str = opt("auto", "attention kernel; 'auto': SDPA, with a bfloat16/float16 model's unpadded decoding steps on the CPU "
