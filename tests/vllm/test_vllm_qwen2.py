@@ -64,9 +64,14 @@ def test_llmrl_train_runs_a_qwen2_model_on_the_vllm_engine(run: dict, tmp_path: 
     # a real `llmrl train` process (one engine a process: tests/vllm/test_vllm_episodes.py), GRPO on the
     # built-in sums with the q/k/v/o adapters and the head trained at lr 1e-2, so step 2 samples from
     # weights the update moved: its log μ must equal the trainer's π_old to float32 rounding, which
-    # holds only if the sync carried the adapted projections (over their biases) and the new head
+    # holds only if the sync carried the adapted projections (over their biases) and the new head. The
+    # random model never answers a sum, so the reward is a completion's count of distinct characters,
+    # which differs within a group and gives step 1 something to update.
+    reward = tmp_path / "distinct.py"
+    reward.write_text("def distinct(prompts, completions, **_):\n    return [float(len(set(c))) for c in completions]\n")
     out = tmp_path / "run"
     done = cli_subprocess(["train", "--model", str(run["folder"]), "--engine", "vllm", "--algo", "grpo",
+                           "--reward", f"{reward}:distinct",
                            "--steps", "2", "--out", str(out), *CLI_SMALL, "--set", "rollout.num_generations=2",
                            "--set", "rollout.max_new_tokens=6", "--set", "update.lr_actor=1e-2",
                            "--set", "engine.kv_cache_gb=0.05", "--set", "engine.max_model_len=64",
@@ -77,5 +82,6 @@ def test_llmrl_train_runs_a_qwen2_model_on_the_vllm_engine(run: dict, tmp_path: 
     rows = [r for r in rows if "step" in r and "is_logprob_diff_max" in r]
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["is_logprob_diff_max"] < 1e-4 and abs(r["is_weight_mean"] - 1) < 1e-4 for r in rows)
-    # the first update's merged weights reached the engine: the q/k/v/o projections and the head
+    # step 1 updated, and its merged weights reached the engine before step 2 sampled
+    assert rows[0]["actor_grad_norm"] > 0 and not rows[0]["zero_advantage"]
     assert any(r["engine_sync_mb"] > 0 for r in rows)
