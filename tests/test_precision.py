@@ -7,11 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from llmrl.config import load_config
 from llmrl.config import dtype_probe, precision
 from llmrl.models.gguf import cache_root
 from llmrl.errors import ConfigError
+from llmrl.models.load import torch_dtype
 
 AMX_CPU = "processor\t: 0\nflags\t\t: fpu sse avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
 EPYC = "processor\t: 0\nflags\t\t: fpu sse avx512f avx512_bf16\n"
@@ -154,3 +156,15 @@ def test_auto_is_resolved_into_the_config(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert load_config(overrides={"model.name": _model_folder(tmp_path)}).model.dtype == "bfloat16"
     with pytest.raises(ConfigError):
         load_config(sets=["model.dtype=fp8"])
+
+
+def test_a_config_built_without_load_config_resolves_auto_for_its_model(monkeypatch: pytest.MonkeyPatch,
+                                                                         tmp_path: Path) -> None:
+    # train(Config(...)) and load_base(ModelConfig(...)) leave model.dtype 'auto' to models/load.torch_dtype:
+    # with AMX it picks what load_config would for the model named, float32 for the tiny one
+    read = precision.cpu_flags
+    monkeypatch.setattr(precision, "cpu_flags", lambda cpuinfo=None: read(AMX_CPU))
+    assert torch_dtype("auto", "cpu", "tiny") == torch.float32
+    assert torch_dtype("auto", "cpu", _model_folder(tmp_path)) == torch.bfloat16
+    assert torch_dtype("auto", "cpu") == torch.bfloat16  # no model named: the hardware's rule alone
+    assert torch_dtype("float32", "cpu", _model_folder(tmp_path)) == torch.float32  # a dtype set is kept

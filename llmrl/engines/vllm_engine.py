@@ -360,7 +360,7 @@ def vllm_engine(*, stack: PolicyStack, tokenizer: Any, config: Any, dist: DistCo
     vllm = _import_vllm()
     if device.type == "cpu":
         _check_cpu_head_size(stack.lm.config.get_text_config())
-    dtype = torch_dtype(config.engine.dtype, config.model.device) if config.engine.dtype else stack.lm.dtype
+    dtype = torch_dtype(config.engine.dtype, config.model.device, config.model.name) if config.engine.dtype else stack.lm.dtype
     source, _ = model_source(config.model, show_progress=False)
     with _build_threads():
         try:

@@ -20,11 +20,12 @@ from .attention import set_attention
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def torch_dtype(name: str, device: str = "cpu") -> torch.dtype:
+def torch_dtype(name: str, device: str = "cpu", model: str | None = None) -> torch.dtype:
     """The torch dtype a model.dtype / engine.dtype names; 'auto' (a Config built without load_config,
-    which resolves it) is this hardware's fastest for `device` (config/precision.py)."""
+    which resolves it) is this hardware's fastest for `device` and the model named `model`
+    (config/precision.py: a model under hidden size 256 stays float32), as load_config would pick."""
     if name == precision.AUTO:
-        name = precision.fastest_dtype(device_kind(device))[0]
+        name = precision.fastest_dtype(device_kind(device), model=model)[0]
     return DTYPES[name]
 
 BUILTIN_MODELS: dict[str, Callable[[bool], Path]] = {}
@@ -136,11 +137,11 @@ def load_base(cfg: ModelConfig, show_progress: bool = True) -> tuple[PreTrainedM
     """The frozen causal LM and its tokenizer (left padding, a pad token guaranteed)."""
     source, gguf = model_source(cfg, show_progress)
     device = resolve_device(cfg.device)
-    check_fits(cfg.name, source, torch_dtype(cfg.dtype, cfg.device), device)
+    check_fits(cfg.name, source, torch_dtype(cfg.dtype, cfg.device, cfg.name), device)
     kwargs = {"trust_remote_code": cfg.trust_remote_code, **({"gguf_file": gguf} if gguf else {})}
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype(cfg.dtype, cfg.device), **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype(cfg.dtype, cfg.device, cfg.name), **kwargs)
     except Exception as exc:  # transformers, tokenizers and safetensors raise many kinds for a broken file
         raise ConfigError(f"Cannot load model '{cfg.name}' as a causal LM: {load_failure(exc, source)}") from None
     check_causal(cfg.name, model)

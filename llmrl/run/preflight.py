@@ -49,7 +49,7 @@ def check_sizes(config: Config, model_config: Any, device: torch.device) -> None
     kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(text, "head_dim", None) or (hidden // heads if hidden else 1))
     vocab = int(getattr(text, "vocab_size", 1) or 1)
-    size = torch.finfo(torch_dtype(config.model.dtype, config.model.device)).bits // 8
+    size = torch.finfo(torch_dtype(config.model.dtype, config.model.device, config.model.name)).bits // 8
     need = rows * (2 * layers * (1 + r.max_new_tokens) * kv_heads * head_dim * size + vocab * 4)
     have = device_memory(device)
     if need > have:

@@ -256,8 +256,9 @@ def _task_from_config(config: "Config") -> Task:
     columns = lambda rows: {k for row in rows[:1] for k in row if k != "prompt"}  # noqa: E731
     if config.data.eval_dataset and task.eval:  # each file must hold what the rewards read
         check_columns(config.reward.functions, columns(task.eval), config.data.eval_dataset)
+    dtype = torch_dtype(config.model.dtype, config.model.device, config.model.name)
     reward = build_reward(config.reward.functions, columns=columns(task.train or task.eval), source=source,
-                          device=resolve_device(config.model.device), dtype=torch_dtype(config.model.dtype, config.model.device),
+                          device=resolve_device(config.model.device), dtype=dtype,
                           batch_size=config.reward.batch_size, trust_remote_code=config.model.trust_remote_code)
     return replace(task, reward=reward, success=config.reward.success)
 
