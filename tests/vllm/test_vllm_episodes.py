@@ -99,11 +99,14 @@ def test_an_episode_that_outgrows_the_engines_context_ends_there(run) -> None:
 
 def test_train_runs_an_environment_on_the_vllm_engine(warm_tiny_dir, tmp_path: Path) -> None:
     env = tmp_path / "seven.py"
+    # the reward is the count of distinct characters the model wrote in its three turns, so a group's
+    # episodes differ and step 1 updates (a constant reward left every advantage 0 on a CPU whose warm
+    # start never cut an episode, and then nothing was synced)
     env.write_text("from llmrl.envs import EnvStep\n\n\nclass Seven:\n"
-                   "    def reset(self, row, seed):\n        self.turns = 0\n"
+                   "    def reset(self, row, seed):\n        self.turns, self.seen = 0, ''\n"
                    "        return [{'role': 'user', 'content': row['prompt']}]\n\n"
-                   "    def step(self, text, calls):\n        self.turns += 1\n"
-                   "        if self.turns == 3:\n            return EnvStep(reward=1.0, done=True)\n"
+                   "    def step(self, text, calls):\n        self.turns, self.seen = self.turns + 1, self.seen + text\n"
+                   "        if self.turns == 3:\n            return EnvStep(reward=float(len(set(self.seen))), done=True)\n"
                    "        return EnvStep([{'role': 'user', 'content': '7'}])\n")
     out = tmp_path / "run"
     done = cli_subprocess(["train", "--model", str(warm_tiny_dir), "--engine", "vllm", "--algo", "grpo",
