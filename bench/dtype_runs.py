@@ -42,6 +42,10 @@ def main() -> None:
     ap.add_argument("--root", default="/tmp/dtype-runs")
     ap.add_argument("--out", default="bench/results/dtype-runs.json")
     a = ap.parse_args()
+    if not all(s.strip().isdigit() for s in a.seeds.split(",")):
+        ap.error(f"--seeds takes whole numbers separated by commas, got {a.seeds!r}")
+    if not set(a.dtypes.split(",")) <= {"float32", "bfloat16", "float16"}:
+        ap.error(f"--dtypes takes float32, bfloat16 or float16 separated by commas, got {a.dtypes!r}")
     out = Path(a.out)
     result = json.loads(out.read_text()) if out.exists() else {}
     result.update(recipe=a.recipe or "(the built-in default)", cpu=cpu_name(), **({"task": a.task} if a.task else {}))
