@@ -20,6 +20,7 @@ import json
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -45,10 +46,20 @@ def whole_command(args: list[str], out: Path, keys: tuple[str, ...], **row: obje
     return {**done, **{k: data.get(k) for k in keys}}
 
 
+def commit() -> str:
+    """The short git commit of the llmrl checkout being measured ('' outside a git checkout)."""
+    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=Path(__file__).parent)
+    return proc.stdout.strip()
+
+
 def train_one(recipe: str, task: str, seed: int, out: Path) -> dict:
-    """One whole `llmrl train` command; the summary's numbers, or the error's last line."""
+    """One whole `llmrl train` command; the summary's numbers, or the error's last line, with where
+    and when it ran (the CPU, the UTC start, the llmrl commit): one file collects runs of several machines."""
+    where = {"cpu": cpu_name(), "started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+             "llmrl": commit()}
     return whole_command(["--recipe", recipe, "--task", f"rg:{task}", "--seed", str(seed)], out, KEYS,
-                         task=task, seed=seed, run_dir=str(out))
+                         task=task, seed=seed, run_dir=str(out), **where)
 
 
 def main() -> None:
@@ -60,7 +71,7 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     result = json.loads(out.read_text()) if out.exists() else {}
-    result.update(recipe=args.recipe, cpu=cpu_name())
+    result["recipe"] = args.recipe
     done = {(r["task"], r["seed"]): r for r in result.get("runs", [])}
     entries = [e.strip().rsplit(":", 1) for e in args.runs.split(";") if e.strip()]
     for n, (task, seed) in enumerate(entries):

@@ -26,8 +26,11 @@ from pathlib import Path
 def cpu_name() -> str:
     """The CPU's model name and whether it has AMX (bfloat16 is fast only with it)."""
     text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    name = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), platform.processor())
-    return f"{name} ({'amx_bf16' if 'amx_bf16' in text else 'no AMX'})"
+    field = lambda key: next((ln.split(":", 1)[1].strip() for ln in text.splitlines()  # noqa: E731
+                              if ln.split(":", 1)[0].strip() == key), "")
+    name = field("model name") or platform.processor()
+    family = f" family {field('cpu family')} model {field('model')}" if field("cpu family") else ""
+    return f"{name}{family} ({'amx_bf16' if 'amx_bf16' in text else 'no AMX'})"
 
 
 def screen_one(model: str, task: str, size: int, max_new_tokens: int) -> dict:

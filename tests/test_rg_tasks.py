@@ -78,6 +78,18 @@ def test_generator_settings_from_the_query_string() -> None:
     assert split_names("arithmetic,chat_sum") == ["arithmetic", "chat_sum"]  # no settings: every comma splits
 
 
+def test_a_list_setting_of_enum_members_is_read_from_their_names() -> None:
+    # aiw's task_types holds TaskType members, whose .value the generator reads: the text 'siblings'
+    # becomes TaskType.SIBLINGS (before this, every item failed with "'str' object has no attribute 'value'")
+    task = _task("rg:aiw?task_types=[siblings]&task_type_weights=[1.0]", eval_size=20)
+    questions = [r["prompt"] for r in task.eval]
+    assert all("sisters does" in q or "brothers does" in q for q in questions), questions[:3]
+    settings = rgt.check_settings("aiw", {"task_types": "siblings,FRIENDS"}, "s")
+    assert [m.value for m in settings["task_types"]] == ["siblings", "friends"]
+    with pytest.raises(rgt.ConfigError, match="'task_types' takes siblings, friends, colleagues; not 'sibs'"):
+        rgt.check_settings("aiw", {"task_types": "sibs"}, "rg:aiw?task_types=sibs")
+
+
 def test_the_last_line_convention() -> None:
     # rg.answer=line: the prompt asks for the answer alone on the last line, and strict reads that line
     # as it is; reasoning-gym's default scorer gives len(answer)/len(line) when the answer sits inside

@@ -33,6 +33,7 @@ and a run scores its first eval.size questions: two runs evaluate on the same qu
 from __future__ import annotations
 
 import dataclasses
+import enum
 import re
 from functools import cache
 from typing import Any, Callable, Mapping, Sequence
@@ -136,7 +137,25 @@ def check_settings(name: str, settings: Mapping[str, Any], spec: str) -> dict[st
                               f"{', '.join(fields) or 'none'}.")
         if isinstance(fields[key], (tuple, list)) and isinstance(value, str):  # operators=+,- or [+, -]
             value = [v.strip() for v in value.strip().strip("[]()").split(",") if v.strip()]
+        if isinstance(value, list):
+            value = _as_members(value, fields[key], f"Task '{spec}': '{key}'")
         out[key] = tuple(value) if isinstance(fields[key], tuple) and isinstance(value, list) else value
+    return out
+
+
+def _as_members(values: list[Any], default: Any, what: str) -> list[Any]:
+    """`values` as members of the Enum the default list holds (aiw's task_types=[siblings] are
+    TaskType members in reasoning-gym, which calls .value on them); other lists unchanged."""
+    kind = next((type(d) for d in default if isinstance(d, enum.Enum)), None) if isinstance(default, (list, tuple)) else None
+    if kind is None:
+        return values
+    by_text = {str(m.value): m for m in kind} | {m.name.lower(): m for m in kind}
+    out = []
+    for v in values:
+        member = v if isinstance(v, kind) else by_text.get(str(v).lower())
+        if member is None:
+            raise ConfigError(f"{what} takes {', '.join(str(m.value) for m in kind)}; not '{v}'.")
+        out.append(member)
     return out
 
 
