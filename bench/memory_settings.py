@@ -9,6 +9,9 @@ commands of one configuration under each set of settings, alternated, each in it
     ckpt+malloc     the same with MALLOC_MMAP_THRESHOLD_=1048576
     float32         model.dtype=float32 (the defaults' `auto` picks bfloat16 with AMX)
     bfloat16        model.dtype=bfloat16 (issue 42's step in both dtypes: `--only float32,bfloat16`)
+    nf4             model.quantize=nf4: the frozen base's linear layers in 4 bits (issue 56)
+    nf4+micro8      the same with micro-batches of 8 rows and the allocator setting
+    nf4+ckpt        the same with activation checkpointing and the allocator setting
 
 Per contender: peak RSS (the child's maximum resident set size, GNU time's `%M`), the seconds of each training step (`step_time_s` of
 metrics.jsonl: the first step is a warm-up, the median of the others counts; with `--steps 1` the one
@@ -44,6 +47,9 @@ CONTENDERS: dict[str, tuple[list[str], dict[str, str]]] = {
     "ckpt+malloc": (["update.activation_checkpointing=true", *NO_COPIES], MALLOC),
     "float32": (["model.dtype=float32"], {}),
     "bfloat16": (["model.dtype=bfloat16"], {}),
+    "nf4": (["model.quantize=nf4"], {}),
+    "nf4+micro8": (["model.quantize=nf4", "update.micro_batch_size=8"], MALLOC),
+    "nf4+ckpt": (["model.quantize=nf4", "update.activation_checkpointing=true"], MALLOC),
 }
 BASE = ["--task", "chat_sum", "--algo", "grpo", "--seed", "0", "--set", "rollout.prompts_per_step=8",
         "--set", "rollout.num_generations=8", "--set", "rollout.max_new_tokens=64",
@@ -101,13 +107,16 @@ def main() -> None:
     table = {}
     for name, rs in runs.items():
         counted = [t for r in rs for t in (r["step_s"][1:] or r["step_s"])]
+        phases = [p for r in rs for p in (r["phases"][1:] or r["phases"])]
         table[name] = {"s_per_step": statistics.median(counted), "peak_rss_mib": max(r["peak_rss_mib"] for r in rs),
+                       "phase_s": {k: statistics.median(p[k] for p in phases) for k in phases[0]} if phases else {},
                        "first": rs[0]["first"]}
     ref = table[names[0]]
     for name, row in table.items():
         row["s_per_step_ratio"] = row["s_per_step"] / ref["s_per_step"]
         print(f"{name:14s} {row['s_per_step']:8.2f} s/step ({row['s_per_step_ratio']:.2f}x)  "
-              f"{row['peak_rss_mib']:8.0f} MiB  first step {row['first']}")
+              f"{row['peak_rss_mib']:8.0f} MiB  phases {({k: round(v, 2) for k, v in row['phase_s'].items()})}  "
+              f"first step {row['first']}")
     if args.out:
         machine = {"cpus": os.cpu_count(), "platform": platform.platform(),
                    "cpu": next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()

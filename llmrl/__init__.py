@@ -8,7 +8,13 @@
 the command line can check the installation before any of them loads (`config/install.py`).
 """
 
+import logging
 from typing import Any
+
+# peft imports bitsandbytes wherever it is installed (the `quant` extra); on a CPU with avx512_bf16 its
+# import then asks the Hugging Face hub for a fused kernel and logs a warning when it cannot have it, on
+# every llmrl command. llmrl never uses that kernel (llmrl/models/quantized.py says why): not a warning.
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 from .config import Config, load_config
 from .errors import LLMRLError

@@ -22,20 +22,22 @@ from transformers import PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from .errors import LLMRLError
-from .run.actor import actor_source, load_actor, merge_actor
+from .run.actor import actor_source, load_actor, merge_actor, run_config
 from .models.load import DTYPES
 from .run.folder import MARKER, RUN_PARTS
 
 
 @dataclass(frozen=True)
 class Exported:
-    """What `export_run` wrote: the folder, its kind ('merged' | 'adapter'), the dtype and where the
-    actor weights came from (the final adapter or a checkpoint)."""
+    """What `export_run` wrote: the folder, its kind ('merged' | 'adapter'), the dtype, where the
+    actor weights came from (the final adapter or a checkpoint) and the run's model.quantize ('none',
+    or the 4-bit kind whose de-quantised weights a merged export holds)."""
 
     path: Path
     kind: str
     dtype: str
     source: str
+    quantize: str = "none"
 
 
 EXPORT_MARKERS = ("config.json", "adapter_config.json")  # what an earlier export (or any model folder) holds
@@ -104,7 +106,8 @@ def _unquantized(model: PreTrainedModel) -> PreTrainedModel:
 
 
 def _write_merged(run_dir: Path, tmp: Path, dtype: str) -> str:
-    stack, tokenizer, _ = load_actor(run_dir, dtype="float32", device="cpu")
+    """A 4-bit base's run merges into deq(W_q), as peft does for QLoRA (`load_actor(dequantize=True)`)."""
+    stack, tokenizer, _ = load_actor(run_dir, dtype="float32", device="cpu", dequantize=True)
     model = _unquantized(merge_actor(stack)).to(DTYPES[dtype])
     model.config.dtype = dtype
     model.save_pretrained(tmp, safe_serialization=True)
@@ -150,4 +153,4 @@ def export_run(run_dir: str | Path, out: str | Path, *, dtype: str = "float32", 
         raise LLMRLError(f"Cannot write the export to '{out}': {exc.strerror or exc}.", exit_code=1) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return Exported(out, "adapter" if adapter_only else "merged", dtype, source)
+    return Exported(out, "adapter" if adapter_only else "merged", dtype, source, run_config(run_dir).model.quantize)

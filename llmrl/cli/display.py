@@ -10,10 +10,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+import torch
 
 from ..config import Config
 from ..config.model_defaults import device_kind
 from ..config.precision import dtype_note
+from ..models.load import torch_dtype
 from ..run.evaluate import EvalResult
 from ..run.memory import RoleCost
 from .console import RunConsole
@@ -97,7 +99,9 @@ class RichReporter:
         self.warned_zero = False
 
     def start(self, config: Config, costs: list[RoleCost], run_dir: Path) -> None:
-        table = Table(title=f"Memory by role ({config.model.name}, {config.model.dtype}: "
+        four_bit = config.model.quantize != "none"
+        held = f", linear layers in {config.model.quantize}" if four_bit else ""
+        table = Table(title=f"Memory by role ({config.model.name}, {config.model.dtype}{held}: "
                             f"{dtype_note(config.model.dtype, device_kind(config.model.device), model=config.model.name, threads=config.threads)})")
         table.add_column("role")
         table.add_column("parameters", justify="right")
@@ -108,6 +112,10 @@ class RichReporter:
         base = costs[0].bytes
         table.add_row("[bold]total[/]", "", f"[bold]{_mib(total)}[/]")
         self.console.print(table)
+        if four_bit:  # what the 4-bit codes save against the same base in model.dtype
+            full = costs[0].params * torch.finfo(torch_dtype(config.model.dtype, config.model.device)).bits // 8
+            self.console.print(f"The {config.model.quantize} base holds {_mib(base)} where {config.model.dtype} "
+                               f"would hold {_mib(full)} ({full / max(base, 1):.1f}×).")
         if any(c.role.startswith("critic") for c in costs):  # the saving of one base for three roles
             self.console.print(f"Separate actor, critic and reference models would hold the base weights 3× "
                                f"({_mib(3 * base)}).")

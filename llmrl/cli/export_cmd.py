@@ -24,5 +24,12 @@ def export(
     done = export_run(run_dir, out, dtype=dtype, adapter_only=adapter_only, overwrite=overwrite)
     what = "PEFT adapter" if done.kind == "adapter" else "merged model"
     Console().print(f"Wrote the {what} ({done.dtype}, from the {done.source}) to [bold]{done.path}[/]")
+    if done.quantize != "none" and done.kind == "merged":
+        Console().print(f"The run trained on a {done.quantize} base: the adapter is merged into its de-quantised "
+                        f"weights (the ones it trained on), so the export holds plain {done.dtype} weights, no 4-bit layer.")
+    elif done.quantize != "none":
+        Console().print(f"The run trained on a {done.quantize} base: load the base with BitsAndBytesConfig("
+                        f"load_in_4bit=True, bnb_4bit_quant_type='{done.quantize}', bnb_4bit_use_double_quant=True) "
+                        f"before this adapter to get the trained actor.")
     if done.kind == "merged":
         Console().print(f"Load it with: AutoModelForCausalLM.from_pretrained('{done.path}')")

@@ -308,6 +308,7 @@ def _check_consistency(config: Config) -> None:
             f"(rollout.prompts_per_step × rollout.num_generations = {rows})."
         )
     _check_sampling_and_kl(config)
+    _check_quantize(config)
     _check_is_band(config.update.is_band)
     _check_filter_groups(config.rollout)
     if (config.rollout.filter_groups and config.rollout.filter_on == "reward" and config.kl.placement == "reward"
@@ -349,6 +350,28 @@ def _check_sampling_and_kl(config: Config) -> None:
             "log π − log π_ref under the policy's own samples is zero; use kl.estimator=k3 (or k2) in the loss, "
             "or kl.placement=reward."
         )
+
+
+BUILTIN_NAMES = ("tiny", "tiny-tools", "tiny-guess")  # the built-in models (llmrl/tasks registers their builders)
+
+
+def _check_quantize(config: Config) -> None:
+    """A 4-bit base (model.quantize) where it cannot work: the built-in models (hidden size 64, a
+    float32 model of 0.1 M numbers: nothing to save, and their runs are the bit-for-bit baseline), the
+    vllm engine (its weight sync pushes merged float tensors W + s·B·A, and its CPU build has no
+    bitsandbytes kernels) and a sharded base (FSDP2 shards plain tensors, not 4-bit codes)."""
+    kind = config.model.quantize
+    if kind == "none":
+        return
+    if config.model.name in BUILTIN_NAMES:
+        raise ConfigError(f"model.quantize={kind} quantizes a real model's linear layers; the built-in "
+                          f"'{config.model.name}' model (hidden size 64) has nothing to save: use --model NAME, or model.quantize=none.")
+    if config.rollout.engine != "hf":
+        raise ConfigError(f"model.quantize={kind} works with rollout.engine=hf only: the vllm engine is synced with "
+                          "merged float weights, which a 4-bit base does not have; use rollout.engine=hf.")
+    if config.dist.shard_base:
+        raise ConfigError(f"model.quantize={kind} cannot be combined with dist.shard_base: FSDP2 shards plain "
+                          "tensors, not 4-bit codes; a 4-bit base is small enough to hold whole on each process.")
 
 
 def _check_is_band(band: list[float]) -> None:

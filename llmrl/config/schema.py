@@ -38,6 +38,11 @@ class ModelConfig:
                      "with AMX, but float32 for a model of hidden size under 256; on a CPU with avx512_bf16 alone, what a cached microbenchmark of the model's products "
                      "says; else float32; llmrl/config/precision.py)", choices=("auto", "float32", "bfloat16", "float16"))
     device: str = opt("cpu", "where to run", choices=("cpu", "cuda", "auto"))
+    quantize: str = opt("none", "hold the frozen base's linear layers in 4 bits through bitsandbytes (QLoRA's nf4, or fp4; "
+                        "blocks of 64, double-quantized scales), ~0.52 bytes a number against float32's 4: the actor, "
+                        "critic and reference share that one copy, their products computed in model.dtype; adapters, "
+                        "value head and optimizer stay float32; the hf engine only; pip install 'llmrl[quant]' "
+                        "(llmrl/models/quantized.py)", choices=("none", "nf4", "fp4"))
     attention: str = opt("auto", "attention kernel; 'auto': SDPA, with a bfloat16/float16 model's unpadded decoding steps on the CPU "
                          "sent down its packed grouped-head path (5x faster there than its enable_gqa one; "
                          "llmrl/models/attention.py)",

@@ -14,7 +14,7 @@ from ..config import precision
 from ..config.model_defaults import device_kind
 from ..config.schema import ModelConfig
 from ..errors import ConfigError
-from . import obtain
+from . import obtain, quantized
 from .attention import set_attention
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -90,18 +90,20 @@ def stored_numbers(folder: Path) -> int | None:
     return total
 
 
-def check_fits(name: str, source: str, dtype: torch.dtype, device: torch.device) -> None:
+def check_fits(name: str, source: str, dtype: torch.dtype, device: torch.device, four_bit: bool = False) -> None:
     """Refuse, before loading, a model whose weights alone in `dtype` exceed the memory of `device`:
-    a lower bound (the weights, nothing of a step), so a refused model could never have run."""
+    a lower bound (the weights, nothing of a step), so a refused model could never have run. With a
+    4-bit base (`four_bit`) every number counts half a byte, its least (the embedding stays in `dtype`)."""
     try:
         numbers = stored_numbers(Path(source))
     except Exception:  # noqa: BLE001 - an unreadable header: the load itself says what is wrong
         return
     if numbers is None:
         return
-    need, have = numbers * (torch.finfo(dtype).bits // 8), device_memory(device)
+    need, have = numbers * (0.5 if four_bit else torch.finfo(dtype).bits // 8), device_memory(device)
     if need > have:
-        raise ConfigError(f"Model '{name}' has {numbers / 1e9:,.2f} B parameters: its {str(dtype).split('.')[-1]} weights "
+        held = "4-bit" if four_bit else str(dtype).split('.')[-1]
+        raise ConfigError(f"Model '{name}' has {numbers / 1e9:,.2f} B parameters: its {held} weights "
                           f"alone need {need / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of memory of "
                           f"{device.type}; it needs a machine with at least {need / 2**30 * 1.5:,.0f} GiB (the "
                           f"weights and room for a step) or, where the hardware has it, model.dtype=bfloat16.")
@@ -137,18 +139,27 @@ def load_base(cfg: ModelConfig, show_progress: bool = True) -> tuple[PreTrainedM
     """The frozen causal LM and its tokenizer (left padding, a pad token guaranteed)."""
     source, gguf = model_source(cfg, show_progress)
     device = resolve_device(cfg.device)
-    check_fits(cfg.name, source, torch_dtype(cfg.dtype, cfg.device, cfg.name), device)
+    dtype, four_bit = torch_dtype(cfg.dtype, cfg.device, cfg.name), cfg.quantize != quantized.NONE
+    check_fits(cfg.name, source, dtype, device, four_bit)
     kwargs = {"trust_remote_code": cfg.trust_remote_code, **({"gguf_file": gguf} if gguf else {})}
+    weights: dict = {}
+    if four_bit:  # loaded straight into 4-bit layers on its device (transformers' bitsandbytes path)
+        weights = {"quantization_config": quantized.quantization_config(cfg.quantize, dtype),
+                   "device_map": {"": device.index or 0} if device.type == "cuda" else {"": "cpu"}}
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype(cfg.dtype, cfg.device, cfg.name), **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs, **weights)
     except Exception as exc:  # transformers, tokenizers and safetensors raise many kinds for a broken file
         raise ConfigError(f"Cannot load model '{cfg.name}' as a causal LM: {load_failure(exc, source)}") from None
     check_causal(cfg.name, model)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model.to(device).eval()
+    if four_bit:
+        quantized.prepare(cfg.name, model, cfg.quantize)  # placed by device_map: a 4-bit model refuses .to()
+    else:
+        model.to(device)
+    model.eval()
     model.requires_grad_(False)
     set_attention(model, cfg.attention)
     return model, tokenizer

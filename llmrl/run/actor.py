@@ -20,7 +20,8 @@ from .checkpoint import list_checkpoints, read_safetensors
 from ..config import Config, load_config
 from ..errors import LLMRLError
 from .folder import MARKER
-from ..models.load import load_base
+from ..models.load import DTYPES, load_base
+from ..models.quantized import dequantized
 from ..models.stack import PolicyStack, of_adapter
 
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -106,16 +107,20 @@ def _load_adapter_actor(stack: PolicyStack, folder: Path) -> None:
 
 
 def load_actor(run_dir: Path, *, dtype: str | None = None, device: str | None = None,
-               show_progress: bool = False) -> tuple[PolicyStack, PreTrainedTokenizerBase, Config]:
+               show_progress: bool = False, dequantize: bool = False) -> tuple[PolicyStack, PreTrainedTokenizerBase, Config]:
     """(stack with the run's trained `actor` adapter, tokenizer, the run's config).
 
     `dtype`/`device` override the run's `model.dtype`/`model.device` (e.g. float32 for an exact
-    merge of a run trained in bfloat16).
+    merge of a run trained in bfloat16). `dequantize`: a run trained on a 4-bit base (model.quantize)
+    gets its base as plain linear layers holding deq(W_q), the weights it trained on, in `dtype`
+    (models/quantized.py), so the adapter merges into float weights, not back into 4-bit codes.
     """
     config = run_config(run_dir)
     model = replace(config.model, **{k: v for k, v in (("dtype", dtype), ("device", device)) if v})
     source = actor_source(run_dir)
     base, tokenizer = load_base(model, show_progress=show_progress)
+    if dequantize and model.quantize != "none":
+        base = dequantized(base, DTYPES[model.dtype] if model.dtype in DTYPES else torch.float32)
     stack = PolicyStack(base, config.lora, with_critic=False)
     if source.kind == "adapter":
         _load_adapter_actor(stack, source.path)

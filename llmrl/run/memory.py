@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..models.quantized import stored_size
 from ..models.stack import PolicyStack
 
 ADAMW_STATES = 2  # exp_avg and exp_avg_sq, one float32 each per trainable parameter
@@ -21,9 +22,10 @@ class RoleCost:
 
 
 def _size(params: list[torch.Tensor]) -> tuple[int, int]:
-    """(elements, bytes) held by this process: a parameter sharded with FSDP2 counts its local shard."""
-    local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
-    return sum(p.numel() for p in local), sum(p.numel() * p.element_size() for p in local)
+    """(elements, bytes) held by this process: a parameter sharded with FSDP2 counts its local shard, a
+    4-bit weight the numbers of its matrix and the bytes of its codes and scales (models/quantized.py)."""
+    sizes = [stored_size(p.to_local() if hasattr(p, "to_local") else p) for p in params]
+    return sum(n for n, _ in sizes), sum(b for _, b in sizes)
 
 
 def role_costs(stack: PolicyStack) -> list[RoleCost]:
