@@ -11,7 +11,7 @@
 #
 # Knobs (environment): SHAPE (qwen2.5-1.5b), DEVICE (cuda), DTYPE (bfloat16), STEPS (4), REPS (2),
 # THREADS (4), ONLY (the contenders), VLLM_ONLY (the vLLM contenders, run when vLLM imports), INSTALL (1; 0 uses the current environment), CHECK (1),
-# BENCH_LIMIT (seconds for vs_trl, 420), ROOFLINE_LIMIT (300), OUT (a new temporary folder). On a CPU, for checking this
+# BENCH_LIMIT (seconds for vs_trl, 420), ROOFLINE_LIMIT (300), NF4 (1: the 4-bit base stage), NF4_LIMIT (240), OUT (a new temporary folder). On a CPU, for checking this
 # script itself: INSTALL=0 CHECK=0 DEVICE=cpu SHAPE=tiny DTYPE=float32 bash bench/gpu_table.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -78,4 +78,21 @@ timeout "${ROOFLINE_LIMIT:-300}" "$PY" bench/roofline.py --steps 3 --dtypes floa
   --set model.name="$MODEL" --set model.device="$DEVICE" --set algo=grpo --set task=chat_sum \
   --set rollout.prompts_per_step=8 --set rollout.num_generations=8 --set rollout.max_new_tokens=64 \
   --set threads="$THREADS" --out "$OUT/results-roofline-$DEVICE-$SHAPE.json" 2>&1 | tee -a "$LOG"
+# the 4-bit base (issue 56): PPO with actor, critic and reference on one nf4 base against the same run on
+# the $DTYPE base, 2 steps each on $DEVICE: peak device memory and s/step (summary.json), when the machine
+# has bitsandbytes (its CUDA wheel is over what a device call carries); NF4=0 skips this stage
+if [ "${NF4:-1}" = 1 ] && "$PY" -c "import bitsandbytes" 2>/dev/null; then
+  for Q in none nf4; do
+    say "llmrl train PPO on $SHAPE, model.quantize=$Q, $DEVICE, 2 steps"
+    timeout "${NF4_LIMIT:-240}" "$PY" -m llmrl train --model "$MODEL" --algo ppo --task chat_sum --steps 2 \
+      --out "$OUT/run-ppo-$Q" --overwrite --set model.quantize=$Q --set model.device="$DEVICE" \
+      --set model.dtype="$DTYPE" --set rollout.prompts_per_step=32 --set rollout.max_new_tokens=64 \
+      --set update.minibatch_size=16 --set eval.size=0 --set checkpoint.every=0 --set threads="$THREADS" \
+      > "$OUT/run-ppo-$Q.log" 2>&1
+    "$PY" -c "import json, sys; s = json.load(open(sys.argv[1])); print({k: s.get(k) for k in ('steps', \
+'step_time_s_mean', 'peak_device_mib', 'peak_rss_mib')})" "$OUT/run-ppo-$Q/summary.json" 2>&1 | tee -a "$LOG"
+  done
+else
+  say "no bitsandbytes on this machine (or NF4=0): the nf4 stage was not run"
+fi
 say "done; results in $OUT"

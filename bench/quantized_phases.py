@@ -1,0 +1,131 @@
+"""Seconds of each phase of a step on a 4-bit base against the float base, on identical work (issue 56).
+
+    python bench/quantized_phases.py --model qwen2.5-coder-0.5b-instruct --reps 2 \\
+        --out bench/results/quantized-phases-qwen0.5b.json
+
+Whole `llmrl train` commands (bench/memory_settings.py) sample different tokens under each base, so
+their steps differ in length as well as in kernels. Here both stacks (actor and critic LoRA r = 16 on
+q/k/v/o, the run defaults' LoRA) get the same work, alternated, in one process:
+
+    generate   64 rows (8 prompts × 8) × 64 new tokens, every row to the limit (no stop id), the
+               actor's decoding as the hf engine runs it (float: merged + packed; nf4: adapters on the 4-bit base)
+    forward    no-grad log-probs of those 64 sequences as actor and as reference (the forward phase)
+    update     one gradient forward + backward of the actor's log-probs over 32 of the rows (a minibatch)
+    generate_no_lora  the generate phase as the reference (adapters off): on the 4-bit base, what decoding
+               from a merged actor re-quantized after each update would cost (the same 4-bit products, no
+               LoRA products), not counted in the step
+
+Per contender and phase: the median seconds over --reps (the first call of each is a warm-up, not
+counted), and the ratio to the float base's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rg_screen import cpu_name  # noqa: E402
+
+from llmrl.config.schema import LoraConfig, ModelConfig  # noqa: E402
+from llmrl.engines.base import GenerationRequest, SamplingSettings  # noqa: E402
+from llmrl.engines.hf import hf_engine  # noqa: E402
+from llmrl.models.load import load_base  # noqa: E402
+from llmrl.models.sequences import layout  # noqa: E402
+from llmrl.models.stack import PolicyStack  # noqa: E402
+
+LORA = LoraConfig(r=16, alpha=32.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+def prompts(tokenizer, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """n chat prompts 'What is a+b?' through the model's template, left-padded: (n, P) ids and mask."""
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": f"What is {3 * i + 1}+{7 * i + 2}?"}],
+                                           tokenize=False, add_generation_prompt=True) for i in range(n)]
+    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    return enc["input_ids"], enc["attention_mask"].bool()
+
+
+def contender(model: str, dtype: str, quantize: str) -> tuple[PolicyStack, object, object]:
+    base, tokenizer = load_base(ModelConfig(name=model, dtype=dtype, quantize=quantize), show_progress=False)
+    stack = PolicyStack(base, LORA, with_critic=True)
+    with torch.no_grad():  # a trained-looking actor: B ≠ 0, the same draw for both bases
+        gen = torch.Generator().manual_seed(0)
+        for name, p in stack.peft.named_parameters():
+            if "lora_B.actor" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 1e-3)
+    engine = hf_engine(stack=stack, tokenizer=tokenizer)
+    engine.stop_ids = [-1]  # no row stops: every row decodes to the limit, the same work for both
+    return stack, engine, tokenizer
+
+
+def phases(stack: PolicyStack, engine, ids: torch.Tensor, mask: torch.Tensor, tokens: int) -> tuple[dict, torch.Tensor]:
+    """Seconds of generate, forward and update on this stack; the generated tokens."""
+    out = {}
+    keys = torch.arange(ids.shape[0] * 8)
+    request = GenerationRequest(ids, mask, 8, SamplingSettings(max_new_tokens=tokens), keys=keys, logprobs=True)
+    t = time.perf_counter()
+    gen = engine.generate(request)
+    out["generate"] = time.perf_counter() - t
+    t = time.perf_counter()  # the same decoding without the adapters: what a merged, re-quantized actor would cost
+    engine.generate(GenerationRequest(ids, mask, 8, SamplingSettings(max_new_tokens=tokens), keys=keys, role="reference"))
+    out["generate_no_lora"] = time.perf_counter() - t
+    seq = layout(ids.repeat_interleave(8, 0), mask.repeat_interleave(8, 0).long(), gen.response_ids, gen.response_mask.long())
+    t = time.perf_counter()
+    with torch.no_grad():
+        for role in ("actor", "reference"):
+            with stack.use(role):
+                stack.response_stats(seq, gen.response_ids, gen.response_mask, 1.0)
+    out["forward"] = time.perf_counter() - t
+    half = seq.ids.shape[0] // 2
+    part = type(seq)(seq.ids[:half], seq.attention[:half], seq.positions[:half], seq.prompt_len)
+    t = time.perf_counter()
+    with stack.use("actor"):
+        lp, _ = stack.response_stats(part, gen.response_ids[:half], gen.response_mask[:half], 1.0)
+        (-(lp * gen.response_mask[:half]).sum() / gen.response_mask[:half].sum()).backward()
+    out["update"] = time.perf_counter() - t
+    stack.zero_grad(set_to_none=True)
+    return out, gen.response_ids
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--quantize", default="nf4")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    names = {"float": "none", a.quantize: a.quantize}
+    stacks = {n: contender(a.model, a.dtype, q) for n, q in names.items()}
+    ids, mask = prompts(stacks["float"][2], 8)
+    times: dict[str, list[dict]] = {n: [] for n in names}
+    for rep in range(a.reps + 1):  # rep 0: the warm-up
+        for n in (list(names) if rep % 2 == 0 else list(names)[::-1]):
+            stack, engine, _ = stacks[n]
+            got, _ = phases(stack, engine, ids, mask, a.tokens)
+            if rep:
+                times[n].append(got)
+            print(f"rep {rep} {n:6s} " + "  ".join(f"{k} {v:6.2f} s" for k, v in got.items()), flush=True)
+    table = {n: {k: statistics.median(r[k] for r in rows) for k in rows[0]} for n, rows in times.items()}
+    for n, row in table.items():
+        row["step"] = row["generate"] + row["forward"] + row["update"]
+        print(f"{n:6s} " + "  ".join(f"{k} {v:6.2f} s ({v / table['float'][k]:.2f}x)" for k, v in row.items()))
+    if a.out:
+        Path(a.out).write_text(json.dumps({"command": " ".join(sys.argv), "cpu": cpu_name(), "threads": a.threads,
+                                           "platform": platform.platform(), "table": table, "runs": times},
+                                          indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

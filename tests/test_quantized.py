@@ -1,0 +1,274 @@
+"""A 4-bit base (model.quantize=nf4) under actor, critic and reference, for real: bitsandbytes' nf4
+layers on the CPU, under a random Qwen2-architecture model built in-process (tests/qwen2_tiny.py, no
+download): loading, the three roles, generation, PPO and GRPO through the CLI, export, kill -9 and
+resume, and the refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from llmrl.config import load_config
+from llmrl.config.schema import LoraConfig, ModelConfig
+from llmrl.engines.base import GenerationRequest, SamplingSettings
+from llmrl.engines.hf import hf_engine
+from llmrl.errors import ConfigError
+from llmrl.models.load import load_base
+from llmrl.models.merged import mergeable
+from llmrl.models.quantized import four_bit_layers, stored_size
+from llmrl.models.sequences import layout
+from llmrl.models.stack import PolicyStack
+from llmrl.run.memory import role_costs
+from tests.helpers import is_timing
+from tests.qwen2_tiny import make_qwen2, save_qwen2
+
+bnb = pytest.importorskip("bitsandbytes")  # the test extra installs it: CI runs every test here
+
+REWARD = '''
+def digit_share(prompts, completions, **_):
+    """A dense reward a random model earns too: the share of digits in the completion."""
+    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+'''
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_qwen2(tmp_path_factory.mktemp("qwen2-nf4"))
+
+
+def _nf4(path: Path) -> ModelConfig:
+    return ModelConfig(name=str(path), dtype="float32", quantize="nf4")
+
+
+def _cli(path: Path, out: Path, tmp: Path, *extra: str) -> list[str]:
+    (tmp / "digits.py").write_text(REWARD)
+    return [sys.executable, "-m", "llmrl", "train", "--model", str(path), "--out", str(out), "--task", "arithmetic",
+            "--reward", f"{tmp / 'digits.py'}:digit_share", "--set", "model.quantize=nf4", "--set", "threads=1",
+            "--set", "rollout.max_new_tokens=6", "--set", "eval.size=8", "--set", "eval.every=0",
+            "--set", "lora.r=4", "--set", "lora.alpha=8", "--set", "update.lr_actor=1e-2", *extra]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "120"}
+
+
+def _metrics(run: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not is_timing(k)} for r in rows]
+
+
+def test_every_decoder_linear_layer_is_4_bit_and_the_head_stays_float(qwen_dir: Path) -> None:
+    base, _ = load_base(_nf4(qwen_dir))
+    layers = four_bit_layers(base)
+    assert len(layers) == 2 * len(PROJECTIONS)  # 2 decoder layers × 7 projections
+    assert all(type(layer) is bnb.nn.Linear4bit and layer.weight.dtype == torch.uint8 for layer in layers)
+    assert all(layer.support_avx512bf16_for_cpu is False for layer in layers)  # one kernel for every call
+    assert type(base.lm_head) is nn.Linear and base.lm_head.weight.dtype == torch.float32
+    plain = make_qwen2()
+    for name, layer in base.named_modules():
+        if isinstance(layer, bnb.nn.Linear4bit):
+            out_f, in_f = plain.get_submodule(name).weight.shape
+            numbers, size = stored_size(layer.weight)
+            assert numbers == out_f * in_f
+            # codes: two numbers a byte; scales: one uint8 absmax per block of 64 (double quant), plus the
+            # second-level float32 scales and the two code tables (16 + 256 floats), under 2 KiB a layer
+            assert out_f * in_f // 2 + out_f * in_f // 64 <= size < out_f * in_f // 2 + out_f * in_f // 64 + 2048
+
+
+def test_memory_table_counts_the_base_in_4_bits(qwen_dir: Path) -> None:
+    base, _ = load_base(_nf4(qwen_dir))
+    stack = PolicyStack(base, LoraConfig(r=4), with_critic=True)
+    plain = make_qwen2()
+    row = role_costs(stack)[0]
+    assert row.params == sum(p.numel() for p in plain.parameters())  # every number of the model, 4-bit or not
+    linear = sum(p.numel() for n, p in plain.named_parameters() if n.endswith("proj.weight"))
+    other = sum(p.numel() for n, p in plain.named_parameters() if not n.endswith("proj.weight"))
+    # float32 embeddings, head, norms and biases: 4 bytes a number; the 4-bit weights 0.5 + 1/64 and ≤ 2 KiB a layer
+    assert 4 * other + linear * (0.5 + 1 / 64) <= row.bytes < 4 * other + linear * (0.5 + 1 / 64) + 14 * 2048
+
+
+def test_zero_lora_actor_equals_the_reference_exactly_and_a_trained_one_does_not(qwen_dir: Path) -> None:
+    """peft starts every LoRA B at 0, so the actor computes deq(W_q)·x + s·B·(A·x) = deq(W_q)·x + 0: the
+    reference's numbers bit for bit; with B ≠ 0 they must differ (the test can fail)."""
+    base, _ = load_base(_nf4(qwen_dir))
+    stack = PolicyStack(base, LoraConfig(r=4), with_critic=True)
+    torch.manual_seed(0)
+    prompts, responses = torch.randint(21, 4096, (4, 7)), torch.randint(21, 4096, (4, 5))
+    seq = layout(prompts, torch.ones_like(prompts), responses, torch.ones_like(responses))
+    mask = torch.ones_like(responses, dtype=torch.bool)
+
+    def logp(role: str) -> torch.Tensor:
+        with torch.no_grad(), stack.use(role):
+            return stack.response_stats(seq, responses, mask, 1.0)[0]
+
+    assert torch.equal(logp("actor"), logp("reference"))
+    with torch.no_grad():
+        for name, p in stack.peft.named_parameters():
+            if "lora_B.actor" in name:
+                p.normal_(std=0.1)
+    assert (logp("actor") - logp("reference")).abs().max() > 1e-3
+
+
+def test_generation_log_mu_is_the_training_log_pi_old(qwen_dir: Path) -> None:
+    """The hf engine decodes through the adapters on the 4-bit base (no merged float copy) and its
+    decoding log-probs are those a full forward computes. Both dequantize the same W_q and multiply in
+    float32; they differ only by the order of float32 sums (a KV-cached step against one forward),
+    ~1e-6 per logit at these sizes, far inside 1e-4."""
+    base, tok = load_base(_nf4(qwen_dir))
+    stack = PolicyStack(base, LoraConfig(r=4), with_critic=False)
+    with torch.no_grad():
+        for name, p in stack.peft.named_parameters():
+            if "lora_B.actor" in name:
+                p.normal_(std=0.1)
+    assert not mergeable(stack)
+    engine = hf_engine(stack=stack, tokenizer=tok)
+    assert engine.memory() == []  # no merged or packed float copy of the 4-bit weights
+    torch.manual_seed(1)
+    prompts = torch.randint(21, 4096, (3, 6))
+    settings = SamplingSettings(max_new_tokens=8, temperature=1.0, top_p=1.0)
+    request = GenerationRequest(prompts, torch.ones_like(prompts, dtype=torch.bool), 2, settings, role="actor",
+                                keys=torch.arange(6), logprobs=True)
+    gen = engine.generate(request)
+    seq = layout(prompts.repeat_interleave(2, 0), torch.ones(6, 6, dtype=torch.long), gen.response_ids, gen.response_mask.long())
+    with torch.no_grad(), stack.use("actor"):
+        old = stack.response_stats(seq, gen.response_ids, gen.response_mask, 1.0)[0]
+    torch.testing.assert_close(gen.logprobs[gen.response_mask], old[gen.response_mask], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_ppo_and_grpo_train_on_a_4_bit_base(qwen_dir: Path, tmp_path: Path, algo: str) -> None:
+    out = tmp_path / "run"
+    shape = (["--set", "rollout.prompts_per_step=8", "--set", "update.minibatch_size=8"] if algo == "ppo" else
+             ["--set", "rollout.prompts_per_step=2", "--set", "rollout.num_generations=4",
+              "--set", "update.minibatch_size=8"])
+    done = subprocess.run(_cli(qwen_dir, out, tmp_path, "--algo", algo, "--steps", "3", *shape), env=_env(),
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "linear layers in nf4" in done.stdout and "The nf4 base holds" in done.stdout
+    rows = _metrics(out)
+    assert len(rows) == 3 and all(torch.isfinite(torch.tensor(r["policy_loss"])) for r in rows)
+    saved = load_file(out / "adapters" / "actor" / "adapter_model.safetensors")
+    assert any(k.endswith("lora_B.weight") and v.abs().max() > 0 for k, v in saved.items())  # the actor moved
+    if algo == "ppo":
+        head = load_file(out / "value_head.safetensors")  # zero at the start (V ≡ 0): the critic trained
+        assert any(v.abs().max() > 0 for v in head.values())
+    config = (out / "config.yaml").read_text()
+    assert "quantize: nf4" in config
+
+
+def test_export_merges_into_the_dequantised_base_and_loads_in_plain_transformers(qwen_dir: Path,
+                                                                                 tmp_path: Path) -> None:
+    """The export holds W' = deq(W_q) + s·B·A in float32 where the run computed deq(W_q)·x + s·B·(A·x):
+    the same numbers summed in another order, ~1e-6 relative per product over 2 layers: 1e-4 holds."""
+    from transformers import AutoModelForCausalLM
+
+    from llmrl.run.actor import load_actor
+
+    run, out = tmp_path / "run", tmp_path / "export"
+    subprocess.run(_cli(qwen_dir, run, tmp_path, "--algo", "grpo", "--steps", "2", "--set", "rollout.prompts_per_step=2",
+                        "--set", "rollout.num_generations=4", "--set", "update.minibatch_size=8"),
+                   env=_env(), check=True, capture_output=True)
+    done = subprocess.run([sys.executable, "-m", "llmrl", "export", str(run), "--out", str(out)], env=_env(),
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "merged into its de-quantised" in " ".join(done.stdout.split())
+    plain = AutoModelForCausalLM.from_pretrained(out)
+    assert not any(isinstance(m, bnb.nn.Linear4bit) for m in plain.modules())
+    assert "quantization_config" not in json.loads((out / "config.json").read_text())
+    stack, _, _ = load_actor(run)
+    ids = torch.randint(21, 4096, (3, 10))
+    with torch.no_grad(), stack.use("actor"):
+        trained = stack.lm(ids).logits
+        reference = None
+    with torch.no_grad(), stack.use("reference"):
+        reference = stack.lm(ids).logits
+    with torch.no_grad():
+        exported = plain(ids).logits
+    torch.testing.assert_close(exported, trained, atol=1e-4, rtol=0)
+    assert (trained - reference).abs().max() > 1e-3  # the adapter trained: the comparison can fail
+
+
+def test_kill_9_then_resume_is_bit_identical_on_a_4_bit_base(qwen_dir: Path, tmp_path: Path) -> None:
+    """PPO (actor, critic with its value head, reference) on the nf4 base: killed after step 4 of 8 and
+    resumed, the metrics (but timings) and both adapters equal an uninterrupted run's."""
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    extra = ["--algo", "ppo", "--steps", "8", "--set", "rollout.prompts_per_step=8", "--set", "update.minibatch_size=4",
+             "--set", "checkpoint.every=2", "--set", "update.lr_schedule=cosine", "--set", "update.warmup_steps=2"]
+    subprocess.run(_cli(qwen_dir, full, tmp_path, *extra), check=True, env=_env(), capture_output=True)
+    proc = subprocess.Popen(_cli(qwen_dir, killed, tmp_path, *extra), env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline, metrics = time.time() + 120, killed / "metrics.jsonl"
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 5:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    resumed = subprocess.run([sys.executable, "-m", "llmrl", "train", "--resume", str(killed)], env=_env(),
+                             capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "Resuming after step 4" in resumed.stdout
+    assert _metrics(killed) == _metrics(full)
+    for role in ("actor", "critic"):
+        a = load_file(full / "adapters" / role / "adapter_model.safetensors")
+        b = load_file(killed / "adapters" / role / "adapter_model.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), role
+
+
+@pytest.mark.parametrize("sets, says", [
+    (["--set", "model.quantize=nf4"], "the built-in 'tiny' model"),
+    (["--model", "{qwen}", "--set", "model.quantize=nf4", "--set", "rollout.engine=vllm"], "rollout.engine=hf only"),
+    (["--model", "{qwen}", "--set", "model.quantize=fp4", "--set", "dist.shard_base=true"], "dist.shard_base"),
+    (["--model", "{qwen}", "--set", "model.quantize=int3"], "one of none, nf4, fp4"),
+])
+def test_refusals_are_one_sentence(qwen_dir: Path, tmp_path: Path, sets: list[str], says: str) -> None:
+    args = [a.replace("{qwen}", str(qwen_dir)) for a in sets]
+    done = subprocess.run([sys.executable, "-m", "llmrl", "train", "--out", str(tmp_path / "r"), *args], env=_env(),
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and says in " ".join(done.stderr.split()), done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "r").exists()
+
+
+HIDE_BNB = '''
+import sys
+class Hidden:
+    """A finder that sees no bitsandbytes: what an installation without the package finds."""
+    def __init__(self, finder):
+        self.finder = finder
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "bitsandbytes":
+            return None
+        return self.finder.find_spec(name, path, target) if hasattr(self.finder, "find_spec") else None
+sys.meta_path[:] = [Hidden(f) for f in sys.meta_path]
+from llmrl.cli import main
+sys.argv = ["llmrl", *sys.argv[1:]]
+main()
+'''
+
+
+def test_a_missing_bitsandbytes_is_named_with_its_install_command(qwen_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "hide.py").write_text(HIDE_BNB)
+    done = subprocess.run([sys.executable, str(tmp_path / "hide.py"), "train", "--model", str(qwen_dir), "--out",
+                           str(tmp_path / "r"), "--set", "model.quantize=nf4"], env=_env(), capture_output=True,
+                          text=True)
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'llmrl[quant]'" in " ".join(done.stderr.split()) and "Traceback" not in done.stderr
+
+
+def test_llmrl_config_shows_the_setting(qwen_dir: Path) -> None:
+    config = load_config(sets=[f"model.name={qwen_dir}", "model.quantize=nf4"])
+    assert config.model.quantize == "nf4"
+    with pytest.raises(ConfigError, match="built-in"):
+        load_config(sets=["model.quantize=fp4"])
