@@ -8,7 +8,9 @@ their steps differ in length as well as in kernels. Here both stacks (actor and 
 q/k/v/o, the run defaults' LoRA) get the same work, alternated, in one process:
 
     generate   64 rows (8 prompts × 8) × 64 new tokens, every row to the limit (no stop id), the
-               actor's decoding as the hf engine runs it (float: merged + packed; nf4: adapters on the 4-bit base)
+               actor's decoding as the hf engine runs it by default (merged + packed copies; on the
+               4-bit base made from deq(W_q)); contender "nf4-lean": both copies off, every product on
+               the 4-bit layers
     forward    no-grad log-probs of those 64 sequences as actor and as reference (the forward phase)
     update     one gradient forward + backward of the actor's log-probs over 32 of the rows (a minibatch)
     generate_no_lora  the generate phase as the reference (adapters off): on the 4-bit base, what decoding
@@ -106,8 +108,10 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    names = {"float": "none", a.quantize: a.quantize}
+    names = {"float": "none", a.quantize: a.quantize, f"{a.quantize}-lean": a.quantize}
     stacks = {n: contender(a.model, a.dtype, q) for n, q in names.items()}
+    lean = stacks[f"{a.quantize}-lean"][1]
+    lean.merge = lean.pack = False  # engine.merge_lora=false, engine.pack_weights=false: decode on the 4-bit layers
     ids, mask = prompts(stacks["float"][2], 8)
     times: dict[str, list[dict]] = {n: [] for n in names}
     for rep in range(a.reps + 1):  # rep 0: the warm-up

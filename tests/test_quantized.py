@@ -25,11 +25,11 @@ from llmrl.engines.hf import hf_engine
 from llmrl.errors import ConfigError
 from llmrl.models.load import load_base
 from llmrl.models.merged import mergeable
-from llmrl.models.quantized import four_bit_layers, stored_size
+from llmrl.models.quantized import four_bit_layers, prepare, stored_size
 from llmrl.models.sequences import layout
 from llmrl.models.stack import PolicyStack
 from llmrl.run.memory import role_costs
-from tests.helpers import is_timing
+from tests.helpers import cli_run, is_timing
 from tests.qwen2_tiny import make_qwen2, save_qwen2
 
 bnb = pytest.importorskip("bitsandbytes")  # the test extra installs it: CI runs every test here
@@ -120,30 +120,40 @@ def test_zero_lora_actor_equals_the_reference_exactly_and_a_trained_one_does_not
     assert (logp("actor") - logp("reference")).abs().max() > 1e-3
 
 
-def test_generation_log_mu_is_the_training_log_pi_old(qwen_dir: Path) -> None:
-    """The hf engine decodes through the adapters on the 4-bit base (no merged float copy) and its
-    decoding log-probs are those a full forward computes. Both dequantize the same W_q and multiply in
-    float32; they differ only by the order of float32 sums (a KV-cached step against one forward),
-    ~1e-6 per logit at these sizes, far inside 1e-4."""
+@pytest.mark.parametrize("copies", [True, False], ids=["dequantized-copies", "4-bit-layers"])
+def test_generation_log_mu_is_the_training_log_pi_old(qwen_dir: Path, copies: bool) -> None:
+    """The hf engine decodes the actor on the CPU through a transient float copy W′ = deq(W_q) + s·B·A
+    (`copies`, engine.merge_lora's default), or through the adapters on the 4-bit layers (both copies
+    off); either way its decoding log-probs are those a full forward computes. Both multiply the same
+    deq(W_q) in float32 and differ only by the order of float32 sums (a KV-cached step against one
+    forward, W′x against W·x + s·B·(A·x)): ~1e-6 per logit at these sizes, far inside 1e-4."""
     base, tok = load_base(_nf4(qwen_dir))
     stack = PolicyStack(base, LoraConfig(r=4), with_critic=False)
     with torch.no_grad():
         for name, p in stack.peft.named_parameters():
             if "lora_B.actor" in name:
                 p.normal_(std=0.1)
-    assert not mergeable(stack)
     engine = hf_engine(stack=stack, tokenizer=tok)
-    assert engine.memory() == []  # no merged or packed float copy of the 4-bit weights
+    engine.merge = engine.pack = copies
+    assert mergeable(stack)
+    linear = sum(stored_size(layer.weight)[0] for layer in four_bit_layers(base))
+    # the copy: every adapted (here: every) 4-bit layer's numbers in float32, only while generating
+    assert engine.memory() == ([("hf engine: de-quantised merged actor W + s·B·A (while generating)", linear, 4 * linear)]
+                               if copies else [])
     torch.manual_seed(1)
     prompts = torch.randint(21, 4096, (3, 6))
     settings = SamplingSettings(max_new_tokens=8, temperature=1.0, top_p=1.0)
     request = GenerationRequest(prompts, torch.ones_like(prompts, dtype=torch.bool), 2, settings, role="actor",
                                 keys=torch.arange(6), logprobs=True)
     gen = engine.generate(request)
-    seq = layout(prompts.repeat_interleave(2, 0), torch.ones(6, 6, dtype=torch.long), gen.response_ids, gen.response_mask.long())
+    seq = layout(prompts.repeat_interleave(2, 0), torch.ones(6, 6, dtype=torch.long), gen.response_ids,
+                 gen.response_mask.long())
     with torch.no_grad(), stack.use("actor"):
         old = stack.response_stats(seq, gen.response_ids, gen.response_mask, 1.0)[0]
-    torch.testing.assert_close(gen.logprobs[gen.response_mask], old[gen.response_mask], atol=1e-4, rtol=0)
+    mask = gen.response_mask
+    torch.testing.assert_close(gen.logprobs[mask], old[mask], atol=1e-4, rtol=0)
+    assert all(type(layer).forward is bnb.nn.Linear4bit.forward and "forward" not in layer.__dict__
+               for layer in four_bit_layers(base))  # every 4-bit layer back to its own kernel after
 
 
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])
@@ -155,7 +165,8 @@ def test_ppo_and_grpo_train_on_a_4_bit_base(qwen_dir: Path, tmp_path: Path, algo
     done = subprocess.run(_cli(qwen_dir, out, tmp_path, "--algo", algo, "--steps", "3", *shape), env=_env(),
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert "linear layers in nf4" in done.stdout and "The nf4 base holds" in done.stdout
+    said = " ".join(done.stdout.split())
+    assert "linear layers in nf4" in said and "The nf4 base holds" in said
     rows = _metrics(out)
     assert len(rows) == 3 and all(torch.isfinite(torch.tensor(r["policy_loss"])) for r in rows)
     saved = load_file(out / "adapters" / "actor" / "adapter_model.safetensors")
@@ -235,10 +246,16 @@ def test_kill_9_then_resume_is_bit_identical_on_a_4_bit_base(qwen_dir: Path, tmp
 ])
 def test_refusals_are_one_sentence(qwen_dir: Path, tmp_path: Path, sets: list[str], says: str) -> None:
     args = [a.replace("{qwen}", str(qwen_dir)) for a in sets]
-    done = subprocess.run([sys.executable, "-m", "llmrl", "train", "--out", str(tmp_path / "r"), *args], env=_env(),
-                          capture_output=True, text=True)
-    assert done.returncode == 2 and says in " ".join(done.stderr.split()), done.stderr
-    assert "Traceback" not in done.stderr and not (tmp_path / "r").exists()
+    code, _, err = cli_run(["train", "--out", str(tmp_path / "r"), *args])
+    assert code == 2 and says in " ".join(err.split()), err
+    assert "Traceback" not in err and not (tmp_path / "r").exists()
+
+
+def test_a_model_with_nothing_quantized_is_refused() -> None:
+    """`prepare` checks what transformers loaded: a model whose linear layers all stayed plain (here a
+    float model, as a model of other layer kinds would come back) is refused in one sentence."""
+    with pytest.raises(ConfigError, match="no linear layer bitsandbytes could quantize"):
+        prepare("plain", make_qwen2(), "nf4")
 
 
 HIDE_BNB = '''
@@ -247,6 +264,8 @@ class Hidden:
     """A finder that sees no bitsandbytes: what an installation without the package finds."""
     def __init__(self, finder):
         self.finder = finder
+    def __getattr__(self, name):  # find_distributions and the rest: the wrapped finder's
+        return getattr(self.finder, name)
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] == "bitsandbytes":
             return None

@@ -335,12 +335,13 @@ class EngineConfig:
     merge_lora: bool = opt(
         True, "hf engine: decode the actor through its weights with the LoRA merged in (W + s·B·A, one product "
         "per layer instead of three), built before each generation and freed after; off: through the adapters "
-        "(models/merged.py)",
+        "(models/merged.py); on a 4-bit base (model.quantize) on the CPU, W = deq(W_q): a float copy while generating",
     )
     pack_weights: bool = opt(
         True, "hf engine on the CPU: decode through copies of the linear weights laid out for oneDNN's kernel "
         "(1.2-1.8x per decoding product), made before each generation and freed after; models of hidden size "
-        ">= 256 (models/packed.py)",
+        ">= 256 (models/packed.py); a 4-bit base's layers are de-quantised into theirs (both off: generation "
+        "multiplies by the 4-bit layers, no float copy)",
     )
 
     sync: str = opt(

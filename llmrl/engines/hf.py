@@ -18,6 +18,7 @@ from torch import Tensor
 from ..models.decoding import ReservedCache, skinny_head
 from ..models.merged import mergeable, merged_actor, merged_size
 from ..models.packed import packable, packed_linears, packed_size
+from ..models.quantized import four_bit_layers
 from ..models.prefix import PromptGroups, distinct_prompts, shared_prefill, with_cache
 from ..models.stack import PolicyStack, tempered, token_logprobs
 from ..models.tokenizer import stop_token_ids
@@ -214,10 +215,11 @@ class HFEngine:
         prepacked copies of the linear weights."""
         n, size = merged_size(self.stack) if self.merge else (0, 0)
         p, packed = packed_size(self.stack.lm) if self.pack else (0, 0)
+        made = "de-quantised " if four_bit_layers(self.stack.lm) else ""  # copies of deq(W_q) (models/quantized.py)
         if n and p:  # the merged weights exist only as their packed copies (`acting`)
-            return [("hf engine: prepacked linear weights, the actor's LoRA merged in (while generating)", p, packed)]
-        return ([("hf engine: merged actor W + s·B·A (while generating)", n, size)] if n else []) + (
-            [("hf engine: prepacked linear weights (while generating)", p, packed)] if p else [])
+            return [(f"hf engine: {made}prepacked linear weights, the actor's LoRA merged in (while generating)", p, packed)]
+        return ([(f"hf engine: {made}merged actor W + s·B·A (while generating)", n, size)] if n else []) + (
+            [(f"hf engine: {made}prepacked linear weights (while generating)", p, packed)] if p else [])
 
 
 @register_engine("hf")

@@ -21,7 +21,8 @@ float32 these logits give log π_old) the log-probs are the actor's within that 
 
 Only a plain float32 (or float64) actor merges (`mergeable`): LoRA on linear layers alone, no trained module
 copy (`lora.modules_to_save`), no DoRA, no LoRA on an embedding, no LoRA dropout active, W in
-float32 or float64, the base not sharded (`dist.shard_base` keeps each process's share of W: there
+float32 or float64 — or a 4-bit W (models/quantized.py) on the CPU computing in float32, whose W′ =
+deq(W_q) + s·B·A is a float copy made beside the 4-bit codes while generating —, the base not sharded (`dist.shard_base` keeps each process's share of W: there
 is no whole W to merge into).
 In bfloat16 a merge would round s·B·A into W's 8-bit mantissa: an update smaller than half of W's
 spacing (≈ 2⁻⁹·|W|) would vanish from the generation copy, so early small updates would never reach
@@ -43,6 +44,7 @@ from peft.utils import ModulesToSaveWrapper
 from torch import Tensor, nn
 
 from .packed import pack_weight, packed_product
+from .quantized import class_forward, float_weight, is_four_bit, stored_size
 from .stack import PolicyStack
 
 ADAPTER = "actor"
@@ -63,7 +65,7 @@ def mergeable(stack: PolicyStack) -> bool:
         base = layer.get_base_layer()
         if ADAPTER in layer.lora_embedding_A or not isinstance(base, nn.Linear):
             return False
-        if layer.use_dora.get(ADAPTER, False) or base.weight.dtype not in (torch.float32, torch.float64):
+        if layer.use_dora.get(ADAPTER, False) or _merge_dtype(base) not in (torch.float32, torch.float64):
             return False
         if type(base.weight.data) is not torch.Tensor or getattr(stack, "_merged", False):
             return False  # a DTensor shard has no whole W; already merged: W′ + s·B·A would add it twice
@@ -72,10 +74,20 @@ def mergeable(stack: PolicyStack) -> bool:
     return True
 
 
+def _merge_dtype(base: nn.Linear) -> torch.dtype | None:
+    """The dtype W′ would be made in: W's, or for a 4-bit layer on the CPU its compute dtype (W′ =
+    deq(W_q) + s·B·A, a float copy made only while generating); None for a 4-bit layer elsewhere (on a
+    GPU the 4-bit base decodes through its own kernels: a float copy is what the 4 bits saved)."""
+    if is_four_bit(base):
+        return (base.compute_dtype or torch.float32) if base.weight.device.type == "cpu" else None
+    return base.weight.dtype
+
+
 @torch.no_grad()
 def merged_weight(layer: LoraLayer) -> Tensor:
-    """W + s·B·A of one actor LoRA linear layer in W's dtype (float32 or float64, `mergeable`): (out, in)."""
-    w = layer.get_base_layer().weight
+    """W + s·B·A of one actor LoRA linear layer in W's dtype (float32 or float64, `mergeable`), W being
+    deq(W_q) for a 4-bit layer (models/quantized.py): (out, in)."""
+    w = float_weight(layer.get_base_layer())
     return w + layer.get_delta_weight(ADAPTER).to(w.dtype)
 
 
@@ -95,7 +107,9 @@ def merged_actor(stack: PolicyStack, pack_rows: int | None = None) -> Iterator[N
     try:
         with stack.peft.disable_adapter():
             for layer in layers:
-                if pack_rows is None:
+                if pack_rows is None and is_four_bit(layer.get_base_layer()):  # 4-bit codes: W′ beside them
+                    layer.get_base_layer().forward = partial(_merged_plain_forward, layer, merged_weight(layer))
+                elif pack_rows is None:
                     layer.get_base_layer().weight.data = merged_weight(layer)
                 else:
                     packed = pack_weight(merged_weight(layer), pack_rows)
@@ -114,13 +128,28 @@ def _merged_packed_forward(layer: LoraLayer, packed: Tensor, x: Tensor) -> Tenso
     base = layer.get_base_layer()
     if not torch.is_grad_enabled() and x.dtype == packed.dtype:
         return packed_product(packed, base.bias, x)
+    return _through_adapter(layer, x)
+
+
+def _merged_plain_forward(layer: LoraLayer, merged: Tensor, x: Tensor) -> Tensor:
+    """W′x (+ bias) of one merged 4-bit actor layer through its float W′ (`merged_actor` without
+    packing); with gradients on or an input of another dtype, through the adapter's modules."""
+    base = layer.get_base_layer()
+    if not torch.is_grad_enabled() and x.dtype == merged.dtype:
+        return nn.functional.linear(x, merged, None if base.bias is None else base.bias.to(merged.dtype))
+    return _through_adapter(layer, x)
+
+
+def _through_adapter(layer: LoraLayer, x: Tensor) -> Tensor:
+    """W·x + s·B·(A·x) of one actor layer: its base layer's own forward and the adapter's modules."""
     a, b = layer.lora_A[ADAPTER], layer.lora_B[ADAPTER]
-    return nn.Linear.forward(base, x) + b(a(x.to(a.weight.dtype))).to(x.dtype) * layer.scaling[ADAPTER]
+    return class_forward(layer.get_base_layer(), x) + b(a(x.to(a.weight.dtype))).to(x.dtype) * layer.scaling[ADAPTER]
 
 
 def merged_size(stack: PolicyStack) -> tuple[int, int]:
     """(numbers, bytes) of the generation copy W′ of a mergeable actor; (0, 0) where it does not merge."""
     if not mergeable(stack):
         return 0, 0
-    weights = [layer.get_base_layer().weight for layer in _actor_layers(stack)]
-    return sum(w.numel() for w in weights), sum(w.numel() * w.element_size() for w in weights)
+    bases = [layer.get_base_layer() for layer in _actor_layers(stack)]
+    sizes = [(stored_size(b.weight)[0], _merge_dtype(b).itemsize) for b in bases]
+    return sum(n for n, _ in sizes), sum(n * size for n, size in sizes)

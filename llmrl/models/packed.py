@@ -40,6 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from .decoding import WIDE
+from .quantized import class_forward, float_weight, is_four_bit, stored_size
 
 MIN_HIDDEN = WIDE  # 256: smaller models decode through the plain products (the module docstring)
 ADAPTER_PARTS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "modules_to_save", "original_module")
@@ -65,20 +66,26 @@ def _linears(model: nn.Module) -> list[nn.Linear]:
     forward that is the class's own (a layer another decoding saving already rerouted is left to it).
     peft's modules are left plain — the LoRA A and B of every adapter (skinny products, rank 4…64, in
     float32 on a bfloat16 base, where a packed product's rounding would move the base's bits; an
-    inactive adapter's are frozen but never called) and modules_to_save's copies."""
+    inactive adapter's are frozen but never called) and modules_to_save's copies. A 4-bit layer
+    (models/quantized.py) counts with its compute dtype: its packed copy holds deq(W_q)."""
     dtypes = _dtypes()
     return [m for name, m in model.named_modules()
-            if type(m) is nn.Linear and not any(part in ADAPTER_PARTS for part in name.split("."))
+            if (type(m) is nn.Linear or is_four_bit(m)) and not any(part in ADAPTER_PARTS for part in name.split("."))
             and "forward" not in m.__dict__ and type(m.weight.data) is Tensor and not m.weight.requires_grad
-            and m.weight.device.type == "cpu" and m.weight.dtype in dtypes]
+            and m.weight.device.type == "cpu" and _product_dtype(m) in dtypes]
+
+
+def _product_dtype(layer: nn.Linear) -> torch.dtype:
+    """The dtype a layer's product runs in: its weight's, or a 4-bit layer's compute dtype."""
+    return (getattr(layer, "compute_dtype", None) or torch.float32) if is_four_bit(layer) else layer.weight.dtype
 
 
 def packed_size(model: nn.Module) -> tuple[int, int]:
     """(numbers, bytes) of the packed copies `packed_linears(model)` makes (0, 0 when it packs nothing)."""
     if not packable(model):
         return 0, 0
-    layers = _linears(model)
-    return sum(m.weight.numel() for m in layers), sum(m.weight.numel() * m.weight.element_size() for m in layers)
+    sizes = [(stored_size(m.weight)[0], _product_dtype(m).itemsize) for m in _linears(model)]
+    return sum(n for n, _ in sizes), sum(n * b for n, b in sizes)
 
 
 def _packed_forward(layer: nn.Linear, packed: Tensor, source: int, x: Tensor) -> Tensor:
@@ -86,7 +93,7 @@ def _packed_forward(layer: nn.Linear, packed: Tensor, source: int, x: Tensor) ->
     gradients on, an input of another dtype than the weight, or a layer whose weight is no longer the
     tensor packed (`source`: its data pointer then)."""
     if torch.is_grad_enabled() or x.dtype != packed.dtype or layer.weight.data_ptr() != source:
-        return nn.Linear.forward(layer, x)
+        return class_forward(layer, x)
     return packed_product(packed, layer.bias, x)
 
 
@@ -115,7 +122,7 @@ def packed_linears(model: nn.Module, rows: int) -> Iterator[None]:
     try:
         with torch.no_grad():
             for layer in _linears(model):
-                packed = pack_weight(layer.weight, rows)
+                packed = pack_weight(float_weight(layer), rows)  # a 4-bit layer: deq(W_q), made and packed here
                 layers.append(layer)
                 layer.forward = partial(_packed_forward, layer, packed, layer.weight.data_ptr())
         yield

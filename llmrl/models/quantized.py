@@ -24,9 +24,16 @@ Measured (2-core AMD EPYC with avx512_bf16, one thread, one 896 → 4864 layer, 
 the fused kernel 0.30 / 1.84 ms at 8 / 64 rows against dequantize-and-multiply's 1.91 / 6.75 ms and
 float32's 1.38 / 6.01 ms; 2048 rows 176 ms, as float32.
 
-Generation decodes through the adapters on the quantized base (merged.py's `mergeable` is false
-for a 4-bit W: a merged float copy W + s·B·A would be the float32 model the quantization saved).
-Export merges into deq(W_q), the weights the run trained on (`dequantized`).
+Generation. Decoding a token multiplies a few rows by every weight, so dequantizing every weight at
+every token costs more than the product (Qwen2.5-Coder-0.5B, 64 rows × 64 tokens: 2.17× float32's
+merged and packed generate phase). On the CPU the `hf` engine therefore makes, while it generates,
+the same transient copies it makes of a float base (`engine.merge_lora`, `engine.pack_weights`):
+each 4-bit layer's deq(W_q) — with the actor's s·B·A added where it has LoRA — packed for oneDNN, one
+layer at a time, freed after (merged.py, packed.py). That is a float copy of the linear layers during
+the generate phase only (1.4 GB at 0.5B in float32): the peak of a step stays the update's, and both
+settings off keep generation on the 4-bit layers (what a GPU, where a 4-bit model is the point,
+always does: bitsandbytes' CUDA kernels read the codes). Export merges into deq(W_q), the weights
+the run trained on (`dequantized`).
 """
 
 from __future__ import annotations
@@ -115,6 +122,21 @@ def _state_tensors(state: Any) -> list[Tensor]:
     if isinstance(getattr(state, "offset", None), Tensor):
         out.append(state.offset)
     return out
+
+
+def is_four_bit(layer: nn.Module) -> bool:
+    """Whether `layer` is a bitsandbytes 4-bit linear layer (without importing bitsandbytes)."""
+    return is_quantized(getattr(layer, "weight", None)) and isinstance(layer, nn.Linear)
+
+
+def float_weight(layer: nn.Module) -> Tensor:
+    """The matrix a linear layer multiplies by: its weight, or deq(W_q) (a new tensor) for a 4-bit layer."""
+    return dequantize_weight(layer) if is_four_bit(layer) else layer.weight
+
+
+def class_forward(layer: nn.Module, x: Tensor) -> Tensor:
+    """The layer's own class forward (a 4-bit layer's dequantize-and-multiply, or nn.Linear's)."""
+    return type(layer).forward(layer, x)
 
 
 @torch.no_grad()
