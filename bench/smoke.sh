@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT=${OUT:-$(mktemp -d)}
 TOKENIZER=${TOKENIZER:-.gpu/tokenizer}
-ONLY=${ONLY:-model vs_trl trl_ppo reward_curve profile_step roofline scaling memory_settings minibatch_fit engine_copies dtype_runs rg_screen rg_learning eval_order vs_trl_episodes vs_trl_qwen_tools gpu_table}
+ONLY=${ONLY:-model vs_trl trl_ppo reward_curve profile_step roofline scaling memory_settings minibatch_fit quantized_phases engine_copies dtype_runs rg_screen rg_learning eval_order vs_trl_episodes vs_trl_qwen_tools gpu_table}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 export PATH="$(dirname "$(command -v "$PY")"):$PATH"  # rg_screen.py runs `llmrl eval`
 mkdir -p "$OUT"
@@ -70,6 +70,8 @@ step memory_settings "$PY" bench/memory_settings.py --model "$MODEL" --steps 1 -
   --out "$OUT/memory-settings.json"
 step minibatch_fit "$PY" bench/minibatch_fit.py --model "$MODEL" --sizes 8,4 --threads 1 --set rollout.max_new_tokens=8 \
   --set rollout.prompts_per_step=2 --set rollout.num_generations=4 --out "$OUT/minibatch-fit.json"
+step quantized_phases "$PY" bench/quantized_phases.py --model "$MODEL" --tokens 4 --reps 1 --threads 1 \
+  --out "$OUT/quantized-phases.json"
 step engine_copies "$PY" bench/engine_copies.py --model "$MODEL" --rows 8 --tokens 8 --reps 1 --threads 1 --out "$OUT/engine-copies.json"
 step dtype_runs "$PY" bench/dtype_runs.py --recipe "$OUT/tiny.yaml" --seeds 0 --dtypes float32,bfloat16 --root "$OUT/dtype-runs" --out "$OUT/dtype-runs.json"
 step rg_screen "$PY" bench/rg_screen.py --model tiny --tasks leg_counting --size 4 --max-new-tokens 8 --out "$OUT/rg-screen.json"

@@ -40,6 +40,23 @@ def digits_task(name: str = "digits", success: float = 1.0):
     return Task(name, base.train, base.eval, digit_share, success=success)
 
 
+def kill_9_after(cmd: list[str], env: dict[str, str], run: Path, rows: int = 5) -> None:
+    """Start the `llmrl train` command `cmd` writing into `run` and SIGKILL it once its metrics.jsonl
+    holds `rows` rows (within 120 s); fails if the run ended first."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline, metrics = time.time() + 120, run / "metrics.jsonl"
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= rows:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
 def is_timing(key: str) -> bool:
     """A metrics-row key that holds wall seconds (`step_time_s`, `time_<phase>_s`): never compared."""
     return key == "step_time_s" or (key.startswith("time_") and key.endswith("_s"))

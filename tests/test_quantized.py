@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -29,7 +27,7 @@ from llmrl.models.quantized import four_bit_layers, prepare, stored_size
 from llmrl.models.sequences import layout
 from llmrl.models.stack import PolicyStack
 from llmrl.run.memory import role_costs
-from tests.helpers import cli_run, is_timing
+from tests.helpers import cli_run, is_timing, kill_9_after
 from tests.qwen2_tiny import make_qwen2, save_qwen2
 
 bnb = pytest.importorskip("bitsandbytes")  # the test extra installs it: CI runs every test here
@@ -217,16 +215,7 @@ def test_kill_9_then_resume_is_bit_identical_on_a_4_bit_base(qwen_dir: Path, tmp
     extra = ["--algo", "ppo", "--steps", "8", "--set", "rollout.prompts_per_step=8", "--set", "update.minibatch_size=4",
              "--set", "checkpoint.every=2", "--set", "update.lr_schedule=cosine", "--set", "update.warmup_steps=2"]
     subprocess.run(_cli(qwen_dir, full, tmp_path, *extra), check=True, env=_env(), capture_output=True)
-    proc = subprocess.Popen(_cli(qwen_dir, killed, tmp_path, *extra), env=_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    deadline, metrics = time.time() + 120, killed / "metrics.jsonl"
-    while time.time() < deadline and proc.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 5:
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, "the run ended before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_9_after(_cli(qwen_dir, killed, tmp_path, *extra), _env(), killed)
     resumed = subprocess.run([sys.executable, "-m", "llmrl", "train", "--resume", str(killed)], env=_env(),
                              capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr

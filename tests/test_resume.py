@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tests.helpers import is_timing
+from tests.helpers import is_timing, kill_9_after
 from tests.test_env_train import USER_ENV
 
 ARGS = ["--steps", "8", "--set", "rollout.prompts_per_step=16", "--set", "update.minibatch_size=8",
@@ -50,17 +50,7 @@ def test_kill_9_then_resume_is_bit_identical(warm_tiny_dir: Path, tmp_path: Path
     if episodes:
         assert any(r["turns_mean"] > 1 for r in _metrics(full)), "the episodes must have several turns"
 
-    proc = subprocess.Popen(_cmd(warm_tiny_dir, killed, *extra), env=_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    metrics = killed / "metrics.jsonl"
-    while time.time() < deadline and proc.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 5:
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, "the run ended before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_9_after(_cmd(warm_tiny_dir, killed, *extra), _env(), killed)
     assert not (killed / "summary.json").exists()
 
     resumed = subprocess.run([sys.executable, "-m", "llmrl", "train", "--resume", str(killed)],

@@ -38,11 +38,8 @@ class ModelConfig:
                      "with AMX, but float32 for a model of hidden size under 256; on a CPU with avx512_bf16 alone, what a cached microbenchmark of the model's products "
                      "says; else float32; llmrl/config/precision.py)", choices=("auto", "float32", "bfloat16", "float16"))
     device: str = opt("cpu", "where to run", choices=("cpu", "cuda", "auto"))
-    quantize: str = opt("none", "hold the frozen base's linear layers in 4 bits through bitsandbytes (QLoRA's nf4, or fp4; "
-                        "blocks of 64, double-quantized scales), ~0.52 bytes a number against float32's 4: the actor, "
-                        "critic and reference share that one copy, their products computed in model.dtype; adapters, "
-                        "value head and optimizer stay float32; the hf engine only; pip install 'llmrl[quant]' "
-                        "(llmrl/models/quantized.py)", choices=("none", "nf4", "fp4"))
+    quantize: str = opt("none", "the frozen base's linear layers in 4 bits (bitsandbytes' nf4 or fp4, QLoRA's), shared by actor, critic "
+                        "and reference; products in model.dtype; hf engine; pip install 'llmrl[quant]' (docs/quantized.md)", choices=("none", "nf4", "fp4"))
     attention: str = opt("auto", "attention kernel; 'auto': SDPA, with a bfloat16/float16 model's unpadded decoding steps on the CPU "
                          "sent down its packed grouped-head path (5x faster there than its enable_gqa one; "
                          "llmrl/models/attention.py)",
@@ -335,14 +332,11 @@ class EngineConfig:
     merge_lora: bool = opt(
         True, "hf engine: decode the actor through its weights with the LoRA merged in (W + s·B·A, one product "
         "per layer instead of three), built before each generation and freed after; off: through the adapters "
-        "(models/merged.py); on a 4-bit base (model.quantize) on the CPU, W = deq(W_q): a float copy while generating",
-    )
+        "(models/merged.py); a 4-bit base's W is deq(W_q) on the CPU")
     pack_weights: bool = opt(
         True, "hf engine on the CPU: decode through copies of the linear weights laid out for oneDNN's kernel "
         "(1.2-1.8x per decoding product), made before each generation and freed after; models of hidden size "
-        ">= 256 (models/packed.py); a 4-bit base's layers are de-quantised into theirs (both off: generation "
-        "multiplies by the 4-bit layers, no float copy)",
-    )
+        ">= 256 (models/packed.py); a 4-bit base's de-quantised (both off: decoding on its 4-bit layers)")
 
     sync: str = opt(
         "merged", "how the actor reaches the engine after each update: 'merged' pushes W + s·B·A of the adapted "
