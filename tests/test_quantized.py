@@ -96,10 +96,12 @@ def test_memory_table_counts_the_base_in_4_bits(qwen_dir: Path) -> None:
     assert 4 * other + linear * (0.5 + 1 / 64) <= row.bytes < 4 * other + linear * (0.5 + 1 / 64) + 14 * 2048
 
 
-def test_zero_lora_actor_equals_the_reference_exactly_and_a_trained_one_does_not(qwen_dir: Path) -> None:
+@pytest.mark.parametrize("kind", ["nf4", "fp4"])
+def test_zero_lora_actor_equals_the_reference_exactly_and_a_trained_one_does_not(qwen_dir: Path, kind: str) -> None:
     """peft starts every LoRA B at 0, so the actor computes deq(W_q)·x + s·B·(A·x) = deq(W_q)·x + 0: the
     reference's numbers bit for bit; with B ≠ 0 they must differ (the test can fail)."""
-    base, _ = load_base(_nf4(qwen_dir))
+    base, _ = load_base(ModelConfig(name=str(qwen_dir), dtype="float32", quantize=kind))
+    assert four_bit_layers(base) and all(layer.weight.quant_state.quant_type == kind for layer in four_bit_layers(base))
     stack = PolicyStack(base, LoraConfig(r=4), with_critic=True)
     torch.manual_seed(0)
     prompts, responses = torch.randint(21, 4096, (4, 7)), torch.randint(21, 4096, (4, 5))

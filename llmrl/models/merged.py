@@ -21,9 +21,9 @@ float32 these logits give log π_old) the log-probs are the actor's within that 
 
 Only a plain float32 (or float64) actor merges (`mergeable`): LoRA on linear layers alone, no trained module
 copy (`lora.modules_to_save`), no DoRA, no LoRA on an embedding, no LoRA dropout active, W in
-float32 or float64 — or a 4-bit W (models/quantized.py) on the CPU computing in float32, whose W′ =
-deq(W_q) + s·B·A is a float copy made beside the 4-bit codes while generating —, the base not sharded (`dist.shard_base` keeps each process's share of W: there
-is no whole W to merge into).
+float32 or float64 (or a 4-bit W on the CPU computing in float32, models/quantized.py: W′ =
+deq(W_q) + s·B·A is then a float copy made beside the 4-bit codes while generating), the base not
+sharded (`dist.shard_base` keeps each process's share of W: there is no whole W to merge into).
 In bfloat16 a merge would round s·B·A into W's 8-bit mantissa: an update smaller than half of W's
 spacing (≈ 2⁻⁹·|W|) would vanish from the generation copy, so early small updates would never reach
 the samples (measured with a bfloat16 merge before it was refused: 197 of 9216 sampled tokens alike,

@@ -30,8 +30,8 @@ merged and packed generate phase). On the CPU the `hf` engine therefore makes, w
 the same transient copies it makes of a float base (`engine.merge_lora`, `engine.pack_weights`):
 each 4-bit layer's deq(W_q) — with the actor's s·B·A added where it has LoRA — packed for oneDNN, one
 layer at a time, freed after (merged.py, packed.py). That is a float copy of the linear layers during
-the generate phase only (1.4 GB at 0.5B in float32): the peak of a step stays the update's, and both
-settings off keep generation on the 4-bit layers (what a GPU, where a 4-bit model is the point,
+the generate phase only (1.4 GB at 0.5B in float32, listed in the start-up table); both settings off
+keep generation on the 4-bit layers (what a GPU, where a 4-bit model is the point,
 always does: bitsandbytes' CUDA kernels read the codes). Export merges into deq(W_q), the weights
 the run trained on (`dequantized`).
 """
