@@ -57,6 +57,30 @@ def kill_9_after(cmd: list[str], env: dict[str, str], run: Path, rows: int = 5) 
     proc.wait()
 
 
+def run_metrics(run: Path) -> list[dict]:
+    """A run's metrics.jsonl rows without their wall-clock entries (timings, env_time_s)."""
+    import json
+
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not is_timing(k) and k != "env_time_s"} for r in rows]
+
+
+def resume_equals(full: Path, killed: Path, env: dict[str, str], after_step: int = 4) -> None:
+    """`llmrl train --resume KILLED` finishes the killed run, whose metrics (but timings) and actor and
+    critic adapters then equal the uninterrupted run `full`'s bit for bit."""
+    from safetensors.torch import load_file
+
+    resumed = subprocess.run([sys.executable, "-m", "llmrl", "train", "--resume", str(killed)], env=env,
+                             capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"Resuming after step {after_step}" in resumed.stdout
+    assert run_metrics(killed) == run_metrics(full)
+    for role in ("actor", "critic"):
+        a = load_file(full / "adapters" / role / "adapter_model.safetensors")
+        b = load_file(killed / "adapters" / role / "adapter_model.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), role
+
+
 def is_timing(key: str) -> bool:
     """A metrics-row key that holds wall seconds (`step_time_s`, `time_<phase>_s`): never compared."""
     return key == "step_time_s" or (key.startswith("time_") and key.endswith("_s"))

@@ -27,7 +27,7 @@ from llmrl.models.quantized import four_bit_layers, prepare, stored_size
 from llmrl.models.sequences import layout
 from llmrl.models.stack import PolicyStack
 from llmrl.run.memory import role_costs
-from tests.helpers import cli_run, is_timing, kill_9_after
+from tests.helpers import cli_run, is_timing, kill_9_after, resume_equals
 from tests.qwen2_tiny import make_qwen2, save_qwen2
 
 bnb = pytest.importorskip("bitsandbytes")  # the test extra installs it: CI runs every test here
@@ -218,15 +218,7 @@ def test_kill_9_then_resume_is_bit_identical_on_a_4_bit_base(qwen_dir: Path, tmp
              "--set", "checkpoint.every=2", "--set", "update.lr_schedule=cosine", "--set", "update.warmup_steps=2"]
     subprocess.run(_cli(qwen_dir, full, tmp_path, *extra), check=True, env=_env(), capture_output=True)
     kill_9_after(_cli(qwen_dir, killed, tmp_path, *extra), _env(), killed)
-    resumed = subprocess.run([sys.executable, "-m", "llmrl", "train", "--resume", str(killed)], env=_env(),
-                             capture_output=True, text=True)
-    assert resumed.returncode == 0, resumed.stderr
-    assert "Resuming after step 4" in resumed.stdout
-    assert _metrics(killed) == _metrics(full)
-    for role in ("actor", "critic"):
-        a = load_file(full / "adapters" / role / "adapter_model.safetensors")
-        b = load_file(killed / "adapters" / role / "adapter_model.safetensors")
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), role
+    resume_equals(full, killed, _env())
 
 
 @pytest.mark.parametrize("sets, says", [

@@ -11,9 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
-from tests.helpers import is_timing, kill_9_after
+from tests.helpers import is_timing, kill_9_after, resume_equals
 from tests.test_env_train import USER_ENV
 
 ARGS = ["--steps", "8", "--set", "rollout.prompts_per_step=16", "--set", "update.minibatch_size=8",
@@ -53,16 +51,7 @@ def test_kill_9_then_resume_is_bit_identical(warm_tiny_dir: Path, tmp_path: Path
     kill_9_after(_cmd(warm_tiny_dir, killed, *extra), _env(), killed)
     assert not (killed / "summary.json").exists()
 
-    resumed = subprocess.run([sys.executable, "-m", "llmrl", "train", "--resume", str(killed)],
-                             env=_env(), capture_output=True, text=True)
-    assert resumed.returncode == 0, resumed.stderr
-    assert "Resuming after step 4" in resumed.stdout
-
-    assert _metrics(killed) == _metrics(full)
-    for role in ("actor", "critic"):
-        a = load_file(full / "adapters" / role / "adapter_model.safetensors")
-        b = load_file(killed / "adapters" / role / "adapter_model.safetensors")
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), role
+    resume_equals(full, killed, _env())
     s_full = json.loads((full / "summary.json").read_text())
     s_res = json.loads((killed / "summary.json").read_text())
     for key in ("eval_accuracy_before", "eval_accuracy_after", "reward_mean_last", "kl_last", "tokens_total"):
