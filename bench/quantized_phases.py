@@ -12,10 +12,14 @@ q/k/v/o, the run defaults' LoRA) get the same work, alternated, in one process:
                4-bit base made from deq(W_q)); contender "nf4-lean": both copies off, every product on
                the 4-bit layers
     forward    no-grad log-probs of those 64 sequences as actor and as reference (the forward phase)
-    update     one gradient forward + backward of the actor's log-probs over 32 of the rows (a minibatch)
-    generate_no_lora  the generate phase as the reference (adapters off): on the 4-bit base, what decoding
-               from a merged actor re-quantized after each update would cost (the same 4-bit products, no
-               LoRA products), not counted in the step
+    update     gradient forward + backward of the actor's log-probs over all 64 rows in 2 minibatches of 32
+               (the GRPO step's update pass); contender "nf4-micro8": each minibatch in micro-batches of 8
+               rows (`update.micro_batch_size=8`), "nf4-ckpt": the layers checkpointed
+               (`update.activation_checkpointing=true`) — the two settings that bring the step's peak under
+               4 GiB (docs/quantized.md)
+    generate_no_lora  (with --no-lora) the generate phase as the reference (adapters off): on the 4-bit base,
+               what decoding from a merged actor re-quantized after each update would cost (the same 4-bit
+               products, no LoRA products), not counted in the step
 
 Per contender and phase: the median seconds over --reps (the first call of each is a warm-up, not
 counted), and the ratio to the float base's.
@@ -55,9 +59,18 @@ def prompts(tokenizer, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return enc["input_ids"], enc["attention_mask"].bool()
 
 
-def contender(model: str, dtype: str, quantize: str) -> tuple[PolicyStack, object, object]:
+CONTENDERS = {  # name: (4-bit base, engine copies, micro-batch rows, checkpointing)
+    "float": (False, True, None, False),
+    "nf4": (True, True, None, False),
+    "nf4-lean": (True, False, None, False),
+    "nf4-micro8": (True, True, 8, False),
+    "nf4-ckpt": (True, True, None, True),
+}
+
+
+def contender(model: str, dtype: str, quantize: str, ckpt: bool) -> tuple[PolicyStack, object, object]:
     base, tokenizer = load_base(ModelConfig(name=model, dtype=dtype, quantize=quantize), show_progress=False)
-    stack = PolicyStack(base, LORA, with_critic=True)
+    stack = PolicyStack(base, LORA, with_critic=True, activation_checkpointing=ckpt)
     with torch.no_grad():  # a trained-looking actor: B ≠ 0, the same draw for both bases
         gen = torch.Generator().manual_seed(0)
         for name, p in stack.peft.named_parameters():
@@ -68,7 +81,23 @@ def contender(model: str, dtype: str, quantize: str) -> tuple[PolicyStack, objec
     return stack, engine, tokenizer
 
 
-def phases(stack: PolicyStack, engine, ids: torch.Tensor, mask: torch.Tensor, tokens: int) -> tuple[dict, torch.Tensor]:
+def update(stack: PolicyStack, seq, response: torch.Tensor, mask: torch.Tensor, minibatch: int,
+           micro: int | None) -> None:
+    """The update pass: per minibatch of rows, the mean log-prob's gradient, in micro-batches of `micro`
+    rows (each micro-batch's loss weighted by its share of the minibatch's tokens, as update.py does)."""
+    for lo in range(0, seq.ids.shape[0], minibatch):
+        hi = min(lo + minibatch, seq.ids.shape[0])
+        total = mask[lo:hi].sum()
+        for a in range(lo, hi, micro or hi - lo):
+            b = min(a + (micro or hi - lo), hi)
+            part = type(seq)(seq.ids[a:b], seq.attention[a:b], seq.positions[a:b], seq.prompt_len)
+            lp, _ = stack.response_stats(part, response[a:b], mask[a:b], 1.0)
+            (-(lp * mask[a:b]).sum() / total).backward()
+        stack.zero_grad(set_to_none=True)
+
+
+def phases(stack: PolicyStack, engine, ids: torch.Tensor, mask: torch.Tensor, tokens: int, micro: int | None,
+           no_lora: bool) -> tuple[dict, torch.Tensor]:
     """Seconds of generate, forward and update on this stack; the generated tokens."""
     out = {}
     keys = torch.arange(ids.shape[0] * 8)
@@ -76,9 +105,11 @@ def phases(stack: PolicyStack, engine, ids: torch.Tensor, mask: torch.Tensor, to
     t = time.perf_counter()
     gen = engine.generate(request)
     out["generate"] = time.perf_counter() - t
-    t = time.perf_counter()  # the same decoding without the adapters: what a merged, re-quantized actor would cost
-    engine.generate(GenerationRequest(ids, mask, 8, SamplingSettings(max_new_tokens=tokens), keys=keys, role="reference"))
-    out["generate_no_lora"] = time.perf_counter() - t
+    if no_lora:
+        t = time.perf_counter()  # the same decoding without the adapters: what a merged, re-quantized actor would cost
+        engine.generate(GenerationRequest(ids, mask, 8, SamplingSettings(max_new_tokens=tokens), keys=keys,
+                                          role="reference"))
+        out["generate_no_lora"] = time.perf_counter() - t
     seq = layout(ids.repeat_interleave(8, 0), mask.repeat_interleave(8, 0).long(), gen.response_ids, gen.response_mask.long())
     t = time.perf_counter()
     with torch.no_grad():
@@ -86,14 +117,10 @@ def phases(stack: PolicyStack, engine, ids: torch.Tensor, mask: torch.Tensor, to
             with stack.use(role):
                 stack.response_stats(seq, gen.response_ids, gen.response_mask, 1.0)
     out["forward"] = time.perf_counter() - t
-    half = seq.ids.shape[0] // 2
-    part = type(seq)(seq.ids[:half], seq.attention[:half], seq.positions[:half], seq.prompt_len)
     t = time.perf_counter()
     with stack.use("actor"):
-        lp, _ = stack.response_stats(part, gen.response_ids[:half], gen.response_mask[:half], 1.0)
-        (-(lp * gen.response_mask[:half]).sum() / gen.response_mask[:half].sum()).backward()
+        update(stack, seq, gen.response_ids, gen.response_mask, seq.ids.shape[0] // 2, micro)
     out["update"] = time.perf_counter() - t
-    stack.zero_grad(set_to_none=True)
     return out, gen.response_ids
 
 
@@ -101,30 +128,37 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--quantize", default="nf4")
+    ap.add_argument("--quantize", default="nf4", help="the 4-bit type of the contenders named nf4*")
+    ap.add_argument("--only", default="float,nf4,nf4-lean", help=f"comma-separated, of {', '.join(CONTENDERS)}")
+    ap.add_argument("--no-lora", action="store_true", help="also time the generate phase as the reference")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    names = {"float": "none", a.quantize: a.quantize, f"{a.quantize}-lean": a.quantize}
-    stacks = {n: contender(a.model, a.dtype, q) for n, q in names.items()}
-    lean = stacks[f"{a.quantize}-lean"][1]
-    lean.merge = lean.pack = False  # engine.merge_lora=false, engine.pack_weights=false: decode on the 4-bit layers
-    ids, mask = prompts(stacks["float"][2], 8)
+    names = a.only.split(",")
+    if unknown := [n for n in names if n not in CONTENDERS]:
+        ap.error(f"unknown contender {', '.join(unknown)}; choose from {', '.join(CONTENDERS)}")
+    stacks = {}
+    for n in names:
+        four_bit, copies, _, ckpt = CONTENDERS[n]
+        stacks[n] = contender(a.model, a.dtype, a.quantize if four_bit else "none", ckpt)
+        if not copies:  # engine.merge_lora=false, engine.pack_weights=false: decode on the 4-bit layers
+            stacks[n][1].merge = stacks[n][1].pack = False
+    ids, mask = prompts(stacks[names[0]][2], 8)
     times: dict[str, list[dict]] = {n: [] for n in names}
     for rep in range(a.reps + 1):  # rep 0: the warm-up
         for n in (list(names) if rep % 2 == 0 else list(names)[::-1]):
             stack, engine, _ = stacks[n]
-            got, _ = phases(stack, engine, ids, mask, a.tokens)
+            got, _ = phases(stack, engine, ids, mask, a.tokens, CONTENDERS[n][2], a.no_lora)
             if rep:
                 times[n].append(got)
             print(f"rep {rep} {n:6s} " + "  ".join(f"{k} {v:6.2f} s" for k, v in got.items()), flush=True)
     table = {n: {k: statistics.median(r[k] for r in rows) for k in rows[0]} for n, rows in times.items()}
     for n, row in table.items():
         row["step"] = row["generate"] + row["forward"] + row["update"]
-        print(f"{n:6s} " + "  ".join(f"{k} {v:6.2f} s ({v / table['float'][k]:.2f}x)" for k, v in row.items()))
+        print(f"{n:6s} " + "  ".join(f"{k} {v:6.2f} s ({v / table[names[0]][k]:.2f}x)" for k, v in row.items()))
     if a.out:
         Path(a.out).write_text(json.dumps({"command": " ".join(sys.argv), "cpu": cpu_name(), "threads": a.threads,
                                            "platform": platform.platform(), "table": table, "runs": times},
