@@ -39,6 +39,10 @@ row's `time_<phase>_s`; GFLOP/s = their totals' ratio), % of the dtype's peak, a
 decoding steps × bytes of every weight the step reads (base + LoRA + head) / bandwidth, against the
 phase's seconds; and against the best rate its own decoding-step shapes reach alone (rows × H by
 H × H, H × I, H × V): a skinny product of 64 rows does not reach a square one's rate on a CPU.
+**Useful work** (issue 58): the hooks count what the engine computed, finished rows included where they
+stay in the batch; beside it generation's answer tokens alone (inside the response masks) per second,
+their FLOP/s (2 · P_lin each, no prefill) as a % of the peak, and useful_frac = those tokens / (rows ×
+decoding steps).
 """
 
 from __future__ import annotations
@@ -73,6 +77,9 @@ class FlopMeter:
         self.phase: str | None = None
         self.flops: dict[str, float] = {}
         self.decode_steps = 0  # forwards of the LM head on one position per row during generation
+        self.useful = 0  # generated tokens inside the response masks (count_engine)
+        self.slots = 0  # rows × decoding steps of the engine's batches
+        self.p_lin = 0  # Σ in·out of the base's linear layers and the LM head: 2 · p_lin FLOPs a token
 
     def hook(self, module: torch.nn.Linear, inputs: tuple[torch.Tensor, ...], _out: torch.Tensor) -> None:
         if self.phase is None:
@@ -119,25 +126,28 @@ def op_shares(prof: torch.profiler.profile, top: int = 8) -> dict[str, list[dict
 
 
 def count_engine(meter: FlopMeter, engine, lm: torch.nn.Module, prefix_caching: bool) -> None:
-    """An engine with its own weights (vLLM) runs no module of ours, so no hook sees its generation:
-    count it from the shapes instead, 2 · P_lin FLOPs per processed token, where P_lin = Σ in·out over
-    the base's linear layers and the LM head (the merged weights the engine holds), and the processed
-    tokens are every generated token plus the prompts' prefill (each distinct prompt once when the
-    G samples share it through the prefix cache, else G times); the decoding steps are the longest
-    response's length."""
-    if not getattr(engine, "own_weights", False):
-        return
-    p_lin = sum(m.in_features * m.out_features for name, m in lm.named_modules()
-                if isinstance(m, torch.nn.Linear) and "lora_" not in name)
+    """Every engine: the generated tokens inside the response masks (`useful`) and the rows × decoding
+    steps of its batches (`slots`), which give the useful-work figures (`summarise`). An engine with its
+    own weights (vLLM) runs no module of ours, so no hook sees its generation: count its FLOPs from the
+    shapes instead, 2 · P_lin FLOPs per processed token, where P_lin = Σ in·out over the base's linear
+    layers and the LM head (the merged weights the engine holds), and the processed tokens are every
+    generated token plus the prompts' prefill (each distinct prompt once when the G samples share it
+    through the prefix cache, else G times); the decoding steps are the longest response's length."""
+    own = getattr(engine, "own_weights", False)
+    meter.p_lin = sum(m.in_features * m.out_features for name, m in lm.named_modules()
+                      if isinstance(m, torch.nn.Linear) and "lora_" not in name)
     plain = engine.generate
 
     def generate(request):
         gen = plain(request)
         if meter.phase == "generate":
-            prefill = int(request.prompt_mask.sum()) * (1 if prefix_caching else request.num_samples)
-            tokens = prefill + int(gen.response_mask.sum())
-            meter.flops["generate"] = meter.flops.get("generate", 0.0) + 2.0 * p_lin * tokens
-            meter.decode_steps += gen.response_ids.shape[1]
+            meter.useful += int(gen.response_mask.sum())
+            meter.slots += gen.response_mask.numel()
+            if own:
+                prefill = int(request.prompt_mask.sum()) * (1 if prefix_caching else request.num_samples)
+                tokens = prefill + int(gen.response_mask.sum())
+                meter.flops["generate"] = meter.flops.get("generate", 0.0) + 2.0 * meter.p_lin * tokens
+                meter.decode_steps += gen.response_ids.shape[1]
         return gen
 
     engine.generate = generate
@@ -222,7 +232,7 @@ def measure(recipe: str | None, dtype: str, steps: int, sets: list[str], check: 
     rows, profiled = [], None
     try:
         for step in range(steps):
-            meter.flops, meter.decode_steps = {}, 0
+            meter.flops, meter.decode_steps, meter.useful, meter.slots = {}, 0, 0, 0
             if profile and step == steps - 1:  # the last step under the profiler: its ops, not its seconds
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                     one_step.train_step(s, step)
@@ -232,6 +242,7 @@ def measure(recipe: str | None, dtype: str, steps: int, sets: list[str], check: 
             kept = row.get("groups_kept")  # logged under rollout.filter_groups
             rows.append({"seconds": {p: row[f"time_{p}_s"] for p in PHASES}, "gflop": {p: meter.flops.get(p, 0.0) / 1e9 for p in PHASES},
                          "decode_steps": meter.decode_steps, "step_s": row["step_time_s"],
+                         "useful_tokens": meter.useful, "slots": meter.slots, "p_lin": meter.p_lin,
                          "update_rows": int(kept * config.rollout.num_generations) if kept is not None else None})
     finally:
         one_step.PhaseClock.__call__ = plain
@@ -289,6 +300,10 @@ def summarise(m: dict) -> list[dict]:
             alone = max(m["peak_gflops"][k] for k in m["decode_shapes"])  # its matmuls alone, at its width
             row.update(decode_steps=steps / n, bandwidth_bound_s=round(bound / n, 3), pct_bandwidth=round(100 * bound / sec, 1),
                        decode_shape_gflops=round(alone, 1), pct_decode_shapes=round(100 * rate / alone, 1))
+            useful, slots = sum(r["useful_tokens"] for r in counted), sum(r["slots"] for r in counted)
+            useful_rate = 2.0 * counted[0]["p_lin"] * useful / sec / 1e9  # the FLOP/s of the answers' tokens alone
+            row.update(useful_frac=round(useful / slots, 3) if slots else None, useful_tok_s=round(useful / sec, 1),
+                       useful_gflops=round(useful_rate, 1), pct_peak_useful=round(100 * useful_rate / peak, 1))
         if p == "update" and all(r.get("update_rows") is not None for r in counted):
             row["update_rows"] = sum(r["update_rows"] for r in counted) / n  # fewer than the batch: groups dropped
         table.append(row)
@@ -320,6 +335,8 @@ def main() -> None:
         for row in m["table"]:
             extra = (f"  bandwidth bound {row['bandwidth_bound_s']} s = {row['pct_bandwidth']} % of the phase; "
                      f"{row['pct_decode_shapes']} % of its own matmul shapes alone ({row['decode_shape_gflops']} GFLOP/s)"
+                     + f"; useful work: {row['useful_tok_s']} answer tokens/s, {row['useful_gflops']} GFLOP/s = "
+                     f"{row['pct_peak_useful']} % of peak (useful_frac {row['useful_frac']})"
                      if "bandwidth_bound_s" in row else "")
             if "update_rows" in row:
                 extra = f"  on {row['update_rows']:.0f} rows a step (rollout.filter_groups dropped the rest)"

@@ -326,18 +326,17 @@ class MixConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Settings of the generation engines: `merge_lora` is the `hf` engine's; the rest are the `vllm`
-    engine's (rollout.engine=vllm)."""
+    """Settings of the generation engines: the first three are the `hf` engine's, the rest the `vllm` engine's."""
 
-    merge_lora: bool = opt(
-        True, "hf engine: decode the actor through its weights with the LoRA merged in (W + s·B·A, one product "
-        "per layer instead of three), built before each generation and freed after; off: through the adapters "
-        "(models/merged.py); a 4-bit base's W is deq(W_q) on the CPU")
-    pack_weights: bool = opt(
-        True, "hf engine on the CPU: decode through copies of the linear weights laid out for oneDNN's kernel "
-        "(1.2-1.8x per decoding product), made before each generation and freed after; models of hidden size "
-        ">= 256 (models/packed.py); a 4-bit base's de-quantised (both off: decoding on its 4-bit layers)")
-
+    merge_lora: bool = opt(True, "hf engine: decode the actor through its weights with the LoRA merged in (W + s·B·A, one product "
+                           "per layer instead of three), built before each generation and freed after; off: through the adapters "
+                           "(models/merged.py); a 4-bit base's W is deq(W_q) on the CPU")
+    pack_weights: bool = opt(True, "hf engine on the CPU: decode through copies of the linear weights laid out for oneDNN's kernel "
+                             "(1.2-1.8x per decoding product), made before each generation and freed after; models of hidden size "
+                             ">= 256 (models/packed.py); a 4-bit base's de-quantised (both off: decoding on its 4-bit layers)")
+    drop_finished: bool = opt(True, "hf engine: a row that has drawn its stop token leaves the decoding batch (its KV-cache rows "
+                              "dropped), so the rows still writing no longer carry it; off: finished rows are fed pads until "
+                              "the longest answer ends (engines/hf_decode.py); always off with dist.shard_base")
     sync: str = opt(
         "merged", "how the actor reaches the engine after each update: 'merged' pushes W + s·B·A of the adapted "
         "layers (and trained modules_to_save) into its weights; 'adapter' serves the LoRA adapter as a LoRA request "

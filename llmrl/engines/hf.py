@@ -19,11 +19,12 @@ from ..models.decoding import ReservedCache, skinny_head
 from ..models.merged import mergeable, merged_actor, merged_size
 from ..models.packed import packable, packed_linears, packed_size
 from ..models.quantized import four_bit_layers
-from ..models.prefix import PromptGroups, distinct_prompts, shared_prefill, with_cache
-from ..models.stack import PolicyStack, tempered, token_logprobs
+from ..models.prefix import PromptGroups, distinct_prompts, shared_prefill
+from ..models.stack import PolicyStack
 from ..models.tokenizer import stop_token_ids
 from ..parallel.distributed import SINGLE, DistContext
 from .base import Generation, GenerationRequest, register_engine, row_keys
+from .hf_decode import Drawing, decode, pick_tokens  # noqa: F401  (pick_tokens: the sampler, also imported from here)
 from .hf_turns import CachedTurns, DecodingLoop
 
 
@@ -36,29 +37,6 @@ def key_uniforms(keys: Tensor, n: int) -> Tensor:
 def row_uniforms(seed: int, step: int, prompt_index: Tensor, sample_index: Tensor, n: int) -> Tensor:
     """(N, n) uniforms in [0, 1); row i depends only on (seed, step, prompt_index[i], sample_index[i])."""
     return key_uniforms(row_keys(seed, step, prompt_index, sample_index), n)
-
-
-def pick_tokens(logits: Tensor, temperature: float, top_p: float, uniforms: Tensor | None) -> Tensor:
-    """One token per row: argmax when `uniforms` is None, else an inverse-CDF draw from
-    softmax(logits / temperature) restricted to the smallest top-p nucleus. (N, V), (N,) → (N,).
-
-    With top_p = 1 the CDF runs in vocabulary order; a nucleus needs the tokens sorted by
-    probability, which costs more than a decoding step of a small model at a 50k vocabulary."""
-    if uniforms is None:
-        return logits.argmax(-1)
-    probs = torch.softmax(logits.double() / temperature, dim=-1)
-    if top_p >= 1.0:
-        return _inverse_cdf(probs, uniforms)
-    sorted_p, order = probs.sort(-1, descending=True)
-    keep = (sorted_p.cumsum(-1) - sorted_p) < top_p  # the most likely token is always kept
-    return order.gather(-1, _inverse_cdf(sorted_p * keep, uniforms).unsqueeze(-1)).squeeze(-1)
-
-
-def _inverse_cdf(weights: Tensor, uniforms: Tensor) -> Tensor:
-    """The index i with cdf[i-1] ≤ u · total < cdf[i] per row: (N, V) non-negative, (N,) → (N,)."""
-    cdf = weights.cumsum(-1)
-    target = uniforms.to(cdf.dtype).unsqueeze(-1) * cdf[:, -1:]
-    return torch.searchsorted(cdf, target, right=True).clamp(max=cdf.shape[-1] - 1).squeeze(-1)
 
 
 @contextmanager
@@ -85,6 +63,7 @@ def generate(
     all_done: Callable[[bool], bool] | None = None,
     cache: ReservedCache | None = None,
     pack: bool = False,
+    drop_finished: bool = True,
 ) -> Generation:
     """Decode up to `max_new_tokens` per row with the model's KV cache, in the caller's role.
 
@@ -97,19 +76,20 @@ def generate(
     a row ends at its first, which its mask includes. `all_done(finished here) -> stop`: with a
     sharded base every forward is a collective, so decoding stops only when every process is done
     (`DistContext.all_done`). `cache`: an empty cache to decode into, which the caller keeps
-    (`engines/hf_turns.py`); by default a fresh one. `pack`: decode through prepacked copies of the
-    linear weights where the model allows (models/packed.py).
+    (`engines/hf_turns.py`), so rows that finished are put back into it at the end; by default a
+    fresh one. `pack`: decode through prepacked copies of the linear weights where the model allows
+    (models/packed.py). `drop_finished`: a row that has stopped leaves the batch (engines/hf_decode.py).
     """
     model = stack.lm
     attention = prompt_mask.long()
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     groups, opening = prefill_plan(stack, prompt_ids, prompt_mask)
+    drawing = Drawing(max_new_tokens, eos_id, pad_id, temperature, top_p, uniforms, logprobs, all_done,
+                      drop_finished=drop_finished, keep_cache=cache is not None)
     cache = ReservedCache(max_new_tokens) if cache is None else cache  # room for every new token: no torch.cat per token
     with decoding_kernels(model, prompt_ids.shape[0], pack):
         logits, attention = shared_prefill(model, prompt_ids, attention, positions, cache, groups, opening)
-        return decode(model, logits, cache, attention, positions[:, -1:], max_new_tokens=max_new_tokens,
-                      eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p, uniforms=uniforms,
-                      logprobs=logprobs, all_done=all_done)
+        return decode(model, logits, cache, attention, positions[:, -1:], drawing)
 
 
 def prefill_plan(stack: PolicyStack, prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[PromptGroups | None, int]:
@@ -120,40 +100,6 @@ def prefill_plan(stack: PolicyStack, prompt_ids: Tensor, prompt_mask: Tensor) ->
         return None, 0
     groups = distinct_prompts(prompt_ids, prompt_mask)
     return groups, stack.opening(prompt_ids, prompt_mask, groups)
-
-
-def decode(model: Any, logits: Tensor, cache: ReservedCache, attention: Tensor, position: Tensor, *,
-           max_new_tokens: int, eos_id: int | Sequence[int], pad_id: int, temperature: float, top_p: float,
-           uniforms: Tensor | None, logprobs: bool, all_done: Callable[[bool], bool] | None) -> Generation:
-    """The decoding loop of `generate` after its prefill: `logits` (N, 1, V) of each row's last fed
-    position, `cache` holding every fed position, `attention` (N, L) long over them, `position`
-    (N, 1) the last fed token's position id. Token t is fed (its keys and values cached, at the
-    next position) only when another token is drawn after it: a Generation of T tokens leaves
-    T − 1 of them in the cache (`engines/hf_turns.py` continues from there)."""
-    n = logits.shape[0]
-    done = torch.zeros(n, dtype=torch.bool, device=logits.device)
-    stop = torch.as_tensor(eos_id, device=logits.device).reshape(-1)
-    tokens, masks, lps = [], [], []
-    for t in range(max_new_tokens):
-        u = None if uniforms is None else uniforms[:, t]
-        token = pick_tokens(logits[:, -1].float(), temperature, top_p, u)
-        token = torch.where(done, torch.full_like(token, pad_id), token)
-        if logprobs:
-            lp = token_logprobs(tempered(logits[:, -1], temperature), token)
-            lps.append(torch.where(done, torch.zeros_like(lp), lp))
-        masks.append(~done)
-        tokens.append(token)
-        done = done | torch.isin(token, stop)
-        finished = bool(done.all())
-        if (finished if all_done is None else all_done(finished)) or t == max_new_tokens - 1:
-            break
-        attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
-        position = position + 1
-        logits = model(
-            input_ids=token[:, None], attention_mask=attention, position_ids=position, **with_cache(model, cache)
-        ).logits
-    return Generation(torch.stack(tokens, dim=1), torch.stack(masks, dim=1),
-                      torch.stack(lps, dim=1) if logprobs else None)
 
 
 @dataclass
@@ -168,6 +114,13 @@ class HFEngine:
     own_weights: bool = False  # samples from the stack itself: its decoding log-probs are log π_old
     merge: bool = True  # decode the actor through W + s·B·A (models/merged.py) where it is `mergeable`
     pack: bool = True  # decode through prepacked linear weights (models/packed.py) where the model allows
+    drop_finished: bool = True  # a finished row leaves the batch (hf_decode.py); never with a sharded base
+
+    @property
+    def dropping(self) -> bool:
+        """Whether finished rows leave the batch: not with a sharded base, whose every forward is a
+        collective each process joins the same number of times (`DistContext.lockstep`)."""
+        return self.drop_finished and not self.dist.lockstep
 
     @contextmanager
     def acting(self, role: str, rows: int | None = None) -> Iterator[None]:
@@ -196,13 +149,13 @@ class HFEngine:
             return generate(self.stack, ids, mask, max_new_tokens=settings.max_new_tokens, eos_id=self.stop_ids,
                             pad_id=self.pad_id, temperature=settings.temperature, top_p=settings.top_p,
                             uniforms=uniforms, logprobs=request.logprobs, all_done=self.dist.all_done,
-                            pack=self.pack)
+                            pack=self.pack, drop_finished=self.dropping)
 
     def turn_decoder(self, role: str) -> Any:
         """An episode batch's decoder that keeps every episode's KV cache from turn to turn
         (`hf_turns.CachedTurns`, given this module's decoding loop), so a turn prefills only what was
         added since the last."""
-        return CachedTurns(self, role, DecodingLoop(generate, decode, key_uniforms, prefill_plan))
+        return CachedTurns(self, role, DecodingLoop(generate, key_uniforms, prefill_plan))
 
     def sync(self, stack: Any) -> None:
         """Nothing to push: every call samples from the stack's current adapters."""
@@ -228,8 +181,11 @@ def hf_engine(*, stack: PolicyStack, tokenizer: Any, config: Any = None, dist: D
     """The `hf` engine of a run: the stack, its stop and pad ids, the run's collectives (it reserves
     nothing ahead, so `longest_prompt` and `response_tokens` do not size it). The actor decodes
     through merged weights unless `engine.merge_lora` is off or `dist.shard_base` splits W, and every
-    decoding through prepacked weights unless `engine.pack_weights` is off or the base is sharded."""
+    decoding through prepacked weights unless `engine.pack_weights` is off or the base is sharded; finished
+    rows leave the batch unless `engine.drop_finished` is off or the base is sharded."""
     whole = config is None or not config.dist.shard_base
     merge = whole and (config is None or config.engine.merge_lora)
     pack = whole and (config is None or config.engine.pack_weights)
-    return HFEngine(stack, stop_token_ids(tokenizer, stack.lm), tokenizer.pad_token_id, dist, merge=merge, pack=pack)
+    drop = config is None or config.engine.drop_finished
+    return HFEngine(stack, stop_token_ids(tokenizer, stack.lm), tokenizer.pad_token_id, dist, merge=merge, pack=pack,
+                    drop_finished=drop)

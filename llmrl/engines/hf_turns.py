@@ -3,9 +3,10 @@ was added since the last one (the token the loop drew last, which was never fed,
 environment's answer), instead of the whole conversation again.
 
 The cache is one (N, heads, L, d) batch per layer; `slots[r]` says which token each of row r's L
-positions holds, or None for a hole: a left pad, or a position fed after the row's turn had ended
-(`hf.decode` feeds the finished rows pads until the batch's longest answer ends). Holes stay in the
-cache with attention mask 0. A new turn of episode e with ids `seq` so far:
+positions holds, or None for a hole: a left pad, or a position after the row's turn had ended (a
+finished row leaves the decoding batch and is put back with zeros there, `hf_decode.py`; without
+dropping it is fed its stop token and then pads until the batch's longest answer ends). Holes stay in
+the cache with attention mask 0. A new turn of episode e with ids `seq` so far:
 
     1. rows of the episodes still playing are gathered (`reorder_cache`: ended episodes leave);
     2. `seq` is matched against the row's slots in order: positions whose token is seq's next one
@@ -14,7 +15,7 @@ cache with attention mask 0. A new turn of episode e with ids `seq` so far:
     3. the rest of `seq` (≥ 1 token: when all of it is cached, the last kept position becomes a hole
        and is fed again to get its logits) is fed in one (N, S) block, left-padded with holes, at
        position ids continuing each row's count of kept tokens;
-    4. `hf.decode` draws the turn from those logits, as `hf.generate` does after its prefill.
+    4. `hf_decode.decode` draws the turn from those logits, as `hf.generate` does after its prefill.
 
 Position ids count kept tokens only, so every token sits where a fresh left-padded prefill of `seq`
 puts it and attends to the same keys; the numbers differ from a fresh prefill only by float rounding
@@ -34,6 +35,7 @@ from torch import Tensor
 from ..models.decoding import ReservedCache, skinny_head
 from ..models.prefix import opened, with_cache
 from .base import Generation, SamplingSettings
+from .hf_decode import Drawing, decode
 from .turns import left_pad
 
 Slots = list[int | None]
@@ -64,11 +66,10 @@ def prefilled_slots(ids: Tensor, mask: Tensor, opening: int) -> list[Slots]:
 @dataclass(frozen=True)
 class DecodingLoop:
     """What the turns take from the `hf` engine's module, handed over by the engine (`HFEngine.turn_decoder`)
-    so that this module does not import it: `generate` (prefill + decode, turn 0), `decode` (the loop
-    after a prefill, the later turns) and `key_uniforms` (a row's sampling key → its uniforms)."""
+    so that this module does not import it: `generate` (prefill + decode, turn 0) and `key_uniforms`
+    (a row's sampling key → its uniforms)."""
 
     generate: Callable[..., Generation]
-    decode: Callable[..., Generation]
     key_uniforms: Callable[[Tensor, int], Tensor]
     prefill_plan: Callable[..., tuple[Any, int]]  # (distinct prompts, the opening's k) of generate's prefill
 
@@ -96,15 +97,24 @@ class CachedTurns:
                 gen = self.loop.generate(stack, ids.to(device), mask.to(device), max_new_tokens=settings.max_new_tokens,
                                eos_id=engine.stop_ids, pad_id=engine.pad_id, temperature=settings.temperature,
                                top_p=settings.top_p, uniforms=uniforms, logprobs=logprobs,
-                               all_done=engine.dist.all_done, cache=self.cache, pack=engine.pack)  # the rollout's path
+                               all_done=engine.dist.all_done, cache=self.cache, pack=engine.pack,
+                               drop_finished=engine.dropping)  # the rollout's path
                 self.slots = prefilled_slots(ids, mask, self.loop.prefill_plan(stack, ids.to(device), mask.to(device))[1])
             else:
                 gen = self._continue(episodes, sequences, settings, uniforms, logprobs)
         self.order = list(episodes)
-        fed = gen.response_ids.shape[1] - 1  # the last drawn token was never fed
-        for r, (row, live) in enumerate(zip(gen.response_ids[:, :fed].tolist(), gen.response_mask[:, :fed].tolist())):
-            self.slots[r] += [t if m else None for t, m in zip(row, live)]
+        self._fed(gen, engine.dropping)
         return gen
+
+    def _fed(self, gen: Generation, dropped: bool) -> None:
+        """Extend each row's slots by the positions the turn fed: T − 1 (the last drawn token was never
+        fed), each a drawn token or a hole; with `dropped` a row's tokens from its stop token on are
+        holes (it left the batch before feeding it), else only the pads after it."""
+        fed = gen.response_ids.shape[1] - 1
+        lengths = gen.response_mask.sum(-1).tolist()
+        for r, (row, live) in enumerate(zip(gen.response_ids[:, :fed].tolist(), gen.response_mask[:, :fed].tolist())):
+            cut = lengths[r] - 1 if dropped else fed
+            self.slots[r] += [t if m and c < cut else None for c, (t, m) in enumerate(zip(row, live))]
 
     def _continue(self, episodes: Sequence[int], sequences: Sequence[list[int]], settings: SamplingSettings,
                   uniforms: Tensor | None, logprobs: bool) -> Generation:
@@ -130,7 +140,7 @@ class CachedTurns:
         with skinny_head(model):  # unpacked: a turn of a few tokens would pack again (models/packed.py)
             logits = model(input_ids=ids.to(model.device), attention_mask=attention, position_ids=positions,
                            logits_to_keep=1, **with_cache(model, self.cache)).logits
-            return self.loop.decode(model, logits, self.cache, attention, positions[:, -1:],
-                          max_new_tokens=settings.max_new_tokens, eos_id=engine.stop_ids, pad_id=engine.pad_id,
-                          temperature=settings.temperature, top_p=settings.top_p, uniforms=uniforms,
-                          logprobs=logprobs, all_done=engine.dist.all_done)
+            drawing = Drawing(settings.max_new_tokens, engine.stop_ids, engine.pad_id, settings.temperature,
+                              settings.top_p, uniforms, logprobs, engine.dist.all_done,
+                              drop_finished=engine.dropping, keep_cache=True)
+            return decode(model, logits, self.cache, attention, positions[:, -1:], drawing)

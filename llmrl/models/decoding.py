@@ -4,8 +4,9 @@
    `torch.cat` at each token, so decoding T tokens after a P-token prompt copies
    O(N · heads · (P + T) · d) per layer per token. Here each layer writes into a buffer with room
    for `reserve` more positions and hands out views of its filled part: the same values, so the
-   attention reads the same numbers, and no copy of the past is made until the room runs out
-   (or `reorder_cache` gathers rows, after a shared-prompt prefill).
+   attention reads the same numbers, and no copy of the past is made until the room runs out.
+   `reorder_cache` (after a shared-prompt prefill, or when finished rows leave the batch,
+   engines/hf_decode.py) gathers the rows kept straight into new buffers with the same room.
 
 2. `skinny_head`: the LM head of an (N, 1, H) decoding step is an (N × H) · (H × V) product with
    N ≪ V (32 × 576 against 49,152 columns for SmolLM2). MKL's float32 GEMM runs that shape in
@@ -46,8 +47,8 @@ class ReservedLayer(DynamicLayer):
     """A `DynamicLayer` whose keys and values are views of (N, heads, capacity, d) buffers.
 
     `keys`/`values` are always `buffer[:, :, :length]`; an update that fits writes in place, one
-    that does not (first use, more rows after `reorder_cache`, or no room left) allocates a buffer
-    of length + new + `reserve` positions and copies the filled part once."""
+    that does not (first use, or no room left) allocates a buffer of length + new + `reserve`
+    positions and copies the filled part once. `reorder_cache` and `adopt` make new buffers."""
 
     def __init__(self, reserve: int) -> None:
         super().__init__()
@@ -58,8 +59,7 @@ class ReservedLayer(DynamicLayer):
 
     def _fits(self, new: Tensor) -> bool:
         buffer = self._key_buffer
-        return (buffer is not None and self.keys is not None and self.keys.data_ptr() == buffer.data_ptr()
-                and self.keys.shape[-2] == self._length and buffer.shape[0] == new.shape[0]
+        return (self._viewing() and buffer is not None and buffer.shape[0] == new.shape[0]
                 and self._length + new.shape[-2] <= buffer.shape[-2])
 
     def _grow(self, key_states: Tensor, value_states: Tensor) -> None:
@@ -71,6 +71,36 @@ class ReservedLayer(DynamicLayer):
             self._key_buffer[:, :, :filled] = self.keys
             self._value_buffer[:, :, :filled] = self.values
         self._length = filled
+
+    def adopt(self, keys: Tensor, values: Tensor) -> None:
+        """Hold (N, heads, L, d) `keys` and `values` as the filled part of new buffers with room for
+        `reserve` more positions."""
+        shape = (*keys.shape[:-2], keys.shape[-2] + self.reserve, keys.shape[-1])
+        self._key_buffer, self._value_buffer = keys.new_empty(shape), values.new_empty((*shape[:-1], values.shape[-1]))
+        self._key_buffer[:, :, : keys.shape[-2]] = keys
+        self._value_buffer[:, :, : values.shape[-2]] = values
+        self._length = keys.shape[-2]
+        self.keys, self.values = self._key_buffer[:, :, : self._length], self._value_buffer[:, :, : self._length]
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Keep the rows `beam_idx` (in that order, repeats allowed), gathered straight into new buffers
+        with the same room after the filled part (one copy; the next update writes in place)."""
+        if self.get_seq_length() == 0:
+            return
+        idx = beam_idx.to(self.keys.device)
+        length, keys, values = self.get_seq_length(), self.keys, self.values
+        room = self._key_buffer.shape[-2] - length if self._viewing() else self.reserve  # type: ignore[union-attr]
+        shape = (idx.shape[0], keys.shape[1], length + room, keys.shape[-1])
+        self._key_buffer, self._value_buffer = keys.new_empty(shape), values.new_empty((*shape[:-1], values.shape[-1]))
+        torch.index_select(keys, 0, idx, out=self._key_buffer[:, :, :length])
+        torch.index_select(values, 0, idx, out=self._value_buffer[:, :, :length])
+        self._length = length
+        self.keys, self.values = self._key_buffer[:, :, :length], self._value_buffer[:, :, :length]
+
+    def _viewing(self) -> bool:
+        """Whether keys and values are the views of the buffers' filled part."""
+        return (self._key_buffer is not None and self.keys is not None
+                and self.keys.data_ptr() == self._key_buffer.data_ptr() and self.keys.shape[-2] == self._length)
 
     def update(self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
         """Append (N, heads, t, d) keys and values; return the filled (N, heads, length, d) views."""

@@ -72,7 +72,7 @@ def draw(s: Session, step: int, rows: list[dict[str, Any]], index: torch.Tensor,
 
     if not cfg.rollout.filter_groups:
         first = one_round(rows, index, 0)
-        return Drawn(first[0], first[1], first[1], _episode_stats(first[0], [first[0]]))
+        return Drawn(first[0], first[1], first[1], _rollout_stats(first[0], [first[0]]))
     want, taken = len(rows), set(index.tolist())
     stops = stop_token_ids(s.tokenizer, s.stack.lm)
     more = extra_prompts(len(s.task.train), taken, cfg.rollout.oversample, cfg.seed, step, 0)
@@ -109,7 +109,7 @@ def draw(s: Session, step: int, rows: list[dict[str, Any]], index: torch.Tensor,
         samples, scores = first
     stats = {"ds_draws": extra, "ds_prompts": drawn, "groups_dropped": dropped, "groups_kept": n_kept,
              "kept_share": n_kept / want, "reward_mean_trained": scores.scores.mean().item()}
-    return Drawn(samples, scores, first[1], {**stats, **_episode_stats(first[0], rounds)})
+    return Drawn(samples, scores, first[1], {**stats, **_rollout_stats(first[0], rounds)})
 
 
 def _episodes(s: Session, step: int, rows: list[dict[str, Any]], index: torch.Tensor,
@@ -149,12 +149,16 @@ def _greedy_episode_scores(s: Session, step: int, rows: list[dict[str, Any]], in
         return score_texts(s.task.reward, rows, greedy.completions) + greedy.episodes.env_reward
 
 
-def _episode_stats(stream: Samples, rounds: list[Samples]) -> dict[str, Any]:
-    """Episodes: the stream's prompts' episode metrics (round 0, as `reward_mean`), with env_time_s and
-    decode_idle_share over every round's episodes (the time and slots were spent on all of them); {} for
-    one-turn samples."""
+def _rollout_stats(stream: Samples, rounds: list[Samples]) -> dict[str, Any]:
+    """One-turn samples: generate_useful_frac = Σ m / Σ rows × T over every round's (N, T) response
+    masks m: the share of rows × decoding steps that drew a token of an answer (a batch decoded with
+    every row to its longest answer would spend the rest on finished rows; the `hf` engine's finished
+    rows leave the batch instead, engines/hf_decode.py). Episodes: the stream's prompts' episode
+    metrics (round 0, as `reward_mean`), with env_time_s and decode_idle_share over every round's
+    episodes (the time and slots were spent on all of them)."""
     if stream.episodes is None:
-        return {}
+        slots = sum(r.response_mask.numel() for r in rounds)
+        return {"generate_useful_frac": sum(float(r.response_mask.sum()) for r in rounds) / slots if slots else 0.0}
     logs = [(r.episodes, float(r.response_mask.sum())) for r in rounds if r.episodes is not None]
     slots = sum(log.decode_slots for log, _ in logs)
     return {**episode_stats(stream), "env_time_s": sum(log.env_time_s for log, _ in logs),

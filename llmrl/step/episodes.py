@@ -271,9 +271,10 @@ def episode_stats(samples: Samples) -> dict[str, float | None]:
     """The step's episode metrics: turns_mean, tool_calls_per_episode, tool_error_rate (failed calls /
     calls), episode_tokens (response tokens per episode, the model's and the environment's),
     masked_token_frac (the environment's share of them), env_reward_mean, env_time_s, and
-    decode_idle_share = 1 − (the model's tokens) / (decode slots): the share of the engine's decoding
-    spent on rows of a turn's batch that had already stopped while its longest answer went on. An
-    episode that ended leaves the batch at the next turn, so finished episodes cost no slot.
+    decode_idle_share = 1 − (the model's tokens) / (decode slots): the share of a turn's rows × steps
+    (its batch until its longest answer ends) whose row had already stopped: episodes waiting for the
+    turn's end (the `hf` engine no longer computes them: its finished rows leave the decoding batch).
+    An episode that ended leaves the batch at the next turn, so finished episodes cost no slot.
     `env_reward_turn{k}`, k = 1 … rollout.max_turns: the environment's mean reward for turn k over the
     episodes that took it (None when none did)."""
     log = samples.episodes
