@@ -12,7 +12,11 @@ Batches, 64 rows each (8 prompts × 8 samples at temperature 1.0, keyed per row 
               template, recipes/qwen2.5-0.5b-rg.yaml): a natural batch
     full      the tail batch with no stop token: every row runs to the limit (what dropping must not slow)
 
-Per batch, length and contender ("drop", "keep"): the median seconds of `engine.generate` over --reps
+With --vllm (run by `.venv-vllm/bin/python`) a third contender, "vllm": the same requests through the
+`vllm` engine (its own scheduler: each request leaves when it stops), on the tail and rg batches (vLLM
+stops at the model's EOS whatever the engine's stop ids say, so it has no "full" batch here).
+
+Per batch, length and contender ("drop", "keep"[, "vllm"]): the median seconds of `engine.generate` over --reps
 (after one short warm-up of each), the rows × steps the batch decoded, the in-mask (useful) tokens,
 generate_useful_frac = useful / (rows × steps), useful tokens per second, and whether both contenders
 drew the same tokens (they draw from the same per-row keys; a matrix product's rounding may differ
@@ -57,8 +61,17 @@ def batches(model: str, task: str, tokenizer) -> dict[str, list]:
     tail.append([{"role": "user", "content": LONG}])
     config = load_config(RECIPE, sets=[f"model.name={model}", f"task={task}", "rg.train_size=64", "rg.eval_size=8"])
     apply_chat_setting(tokenizer, config.data.chat_template, config.model.name, config.data.system_prompt)
-    rg = [row["prompt"] for row in task_from_config(config).train.select(range(8))]
+    rg = [row["prompt"] for row in task_from_config(config).train[:8]]
     return {"tail": tail, "rg": rg, "full": tail}
+
+
+def vllm_contender(model: str, stack, tokenizer, prompts: dict[str, list], tokens: int):
+    """The `vllm` engine of a run of the rg recipe with room for `tokens` new tokens (engines/vllm_engine.py)."""
+    from llmrl.engines.vllm_engine import vllm_engine
+
+    config = load_config(RECIPE, sets=[f"model.name={model}", "rollout.engine=vllm", f"rollout.max_new_tokens={tokens}"])
+    longest = max(int(encode_prompts(tokenizer, p, torch.device("cpu"))[1].sum(-1).max()) for p in prompts.values())
+    return vllm_engine(stack=stack, tokenizer=tokenizer, config=config, longest_prompt=longest)
 
 
 def run(engine, tokenizer, prompts: list, tokens: int, drop: bool, no_stop: bool) -> dict:
@@ -84,6 +97,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--peak-gflops", type=float, default=None, help="the machine's float32 peak (bench/roofline.py)")
+    ap.add_argument("--vllm", action="store_true", help="also the vllm engine (run by .venv-vllm/bin/python)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -93,18 +107,22 @@ def main() -> None:
     engine = hf_engine(stack=stack, tokenizer=tokenizer)
     params = sum(p.numel() for p in base.parameters())
     prompts = batches(a.model, a.task, tokenizer)
-    for drop in (True, False):  # warm-up: the kernels and allocator, not counted
-        run(engine, tokenizer, prompts["tail"], 8, drop, False)
+    engines = {"drop": (engine, True), "keep": (engine, False)}
+    if a.vllm:
+        engines["vllm"] = (vllm_contender(a.model, stack, tokenizer, prompts, max(int(x) for x in a.tokens.split(","))), True)
+    for e, drop in engines.values():  # warm-up: the kernels and allocator, not counted
+        run(e, tokenizer, prompts["tail"], 8, drop, False)
     table, runs = {}, []
     for tokens in (int(x) for x in a.tokens.split(",")):
         for name in a.batches.split(","):
-            got: dict[str, list[dict]] = {"drop": [], "keep": []}
+            names = [c for c in engines if not (c == "vllm" and name == "full")]
+            got: dict[str, list[dict]] = {c: [] for c in names}
             for rep in range(a.reps):
-                for drop in ((True, False) if rep % 2 == 0 else (False, True)):
-                    r = run(engine, tokenizer, prompts[name], tokens, drop, name == "full")
-                    got["drop" if drop else "keep"].append(r)
-                    print(f"{name} {tokens} {'drop' if drop else 'keep'} rep {rep}: {r['s']:.2f} s, "
-                          f"useful {r['useful']}/{r['slots']}", flush=True)
+                for c in (names if rep % 2 == 0 else names[::-1]):
+                    e, drop = engines[c]
+                    r = run(e, tokenizer, prompts[name], tokens, drop, name == "full")
+                    got[c].append(r)
+                    print(f"{name} {tokens} {c} rep {rep}: {r['s']:.2f} s, useful {r['useful']}/{r['slots']}", flush=True)
             d, k = got["drop"][0], got["keep"][0]
             row = {c: {"s": statistics.median(r["s"] for r in rs), "slots": rs[0]["slots"], "useful": rs[0]["useful"]}
                    for c, rs in got.items()}
@@ -119,8 +137,8 @@ def main() -> None:
             table[f"{name}@{tokens}"] = row
             runs.append({"batch": name, "tokens": tokens, **{c: [r["s"] for r in rs] for c, rs in got.items()}})
             print(f"{name}@{tokens}: drop {row['drop']['s']:.2f} s, keep {row['keep']['s']:.2f} s "
-                  f"({row['speedup']:.2f}x), useful {row['drop']['useful_frac']:.2f}, rows differing {row['rows_differ']}",
-                  flush=True)
+                  f"({row['speedup']:.2f}x), useful {row['drop']['useful_frac']:.2f}, rows differing {row['rows_differ']}"
+                  + (f"; vllm {row['vllm']['s']:.2f} s" if "vllm" in row else ""), flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps({"command": " ".join(sys.argv), "cpu": cpu_name(), "threads": a.threads,
                                            "platform": platform.platform(), "params": params, "table": table,

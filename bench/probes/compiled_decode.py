@@ -6,7 +6,11 @@
 The engine's generation (its defaults: merged actor, packed weights, finished rows leaving the
 batch; here no row stops, so every step has all rows) run eagerly and with the model's forward
 compiled (`torch.compile(dynamic=True)`, inductor's CPU backend: the prefill and every one-token step
-go through it; the KV cache grows by a position a step, so its shapes are dynamic), alternated.
+go through it; the KV cache grows by a position a step, so its shapes are dynamic), alternated. The
+compiled contender runs without the engine's packed copies (`engine.pack_weights=false`): inductor's
+lowering of oneDNN's packed product asserts that the packed weight is a graph constant, which it is only
+under `torch._inductor.config.freezing`, and freezing bakes the weights in (every update of the actor
+would compile again).
 Reported: the first compiled call's seconds (the compile), then per contender the median seconds of
 --reps generations after it, and whether the compiled one drew the same tokens (float rounding of
 fused kernels may part near-ties: the count of rows that differ) and its largest |Δ log μ|.
@@ -60,6 +64,7 @@ def main() -> None:
 
     def timed(compiled: bool):
         stack.lm.forward = compiled_forward if compiled else eager_forward
+        engine.pack = not compiled
         t = time.perf_counter()
         gen = engine.generate(request)
         return time.perf_counter() - t, gen
