@@ -4,6 +4,7 @@ hardware reports, written into the Config so that config.yaml and a resume name 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -160,11 +161,43 @@ def test_auto_is_resolved_into_the_config(monkeypatch: pytest.MonkeyPatch, tmp_p
 
 def test_a_config_built_without_load_config_resolves_auto_for_its_model(monkeypatch: pytest.MonkeyPatch,
                                                                          tmp_path: Path) -> None:
-    # train(Config(...)) and load_base(ModelConfig(...)) leave model.dtype 'auto' to models/load.torch_dtype:
-    # with AMX it picks what load_config would for the model named, float32 for the tiny one
+    # load_base(ModelConfig(...)) leaves model.dtype 'auto' to models/load.torch_dtype: with AMX it picks what
+    # load_config would for the model named, float32 for the tiny one
     read = precision.cpu_flags
     monkeypatch.setattr(precision, "cpu_flags", lambda cpuinfo=None: read(AMX_CPU))
     assert torch_dtype("auto", "cpu", "tiny") == torch.float32
     assert torch_dtype("auto", "cpu", _model_folder(tmp_path)) == torch.bfloat16
     assert torch_dtype("auto", "cpu") == torch.bfloat16  # no model named: the hardware's rule alone
     assert torch_dtype("float32", "cpu", _model_folder(tmp_path)) == torch.float32  # a dtype set is kept
+
+
+def test_a_python_api_run_writes_the_dtype_it_trained_in(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """train(Config(...)) never passes load_config: its 'auto' is resolved at the start of the run (precision.resolved),
+    so config.yaml names the dtype the run trained in and an evaluation or a resume loads that one."""
+    import yaml
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from llmrl import Config, train
+    from llmrl.config.schema import EvalConfig, ModelConfig, RolloutConfig, UpdateConfig
+    from llmrl.models.tokenizer import build_char_tokenizer
+
+    read = precision.cpu_flags
+    monkeypatch.setattr(precision, "cpu_flags", lambda cpuinfo=None: read(AMX_CPU))  # AMX: bfloat16 at hidden ≥ 256
+    tok, folder = build_char_tokenizer(), tmp_path / "model"
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=dtype_probe.MIN_HIDDEN, num_hidden_layers=1,
+                                 num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                                 max_position_embeddings=64, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                                 eos_token_id=tok.eos_token_id)).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    config = Config(steps=1, out=str(tmp_path / "run"), threads=1, model=ModelConfig(name=str(folder)),
+                    eval=EvalConfig(size=2, every=0), rollout=RolloutConfig(prompts_per_step=2, max_new_tokens=4),
+                    update=UpdateConfig(minibatch_size=2))
+    assert (config.model.dtype, config.engine.dtype) == ("auto", None)
+    train(config)
+    written = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert (written["model"]["dtype"], written["engine"]["dtype"]) == ("bfloat16", None)
+    # a hand-set dtype is kept, engine.dtype 'auto' is resolved as model.dtype's is
+    kept = precision.resolved(Config(model=ModelConfig(name=str(folder), dtype="float16"),
+                                     engine=replace(Config().engine, dtype="auto")))
+    assert (kept.model.dtype, kept.engine.dtype) == ("float16", "bfloat16")

@@ -27,7 +27,14 @@ which no probe here times.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .model_defaults import device_kind
+
+if TYPE_CHECKING:
+    from .schema import Config
 
 AUTO = "auto"
 
@@ -122,6 +129,20 @@ def resolve(merged: dict, kind: str, default: str = AUTO, model: str | None = No
         if out.get(key) == AUTO:
             out[key] = fastest_dtype(kind, model=None if name is None else str(name), threads=threads)[0]
     return out
+
+
+def resolved(config: "Config") -> "Config":
+    """`config` with model.dtype and engine.dtype 'auto' replaced as load_config replaces them (`resolve`):
+    a Config built in Python (`train(Config(...))`) then names in its config.yaml the dtype it trained in,
+    and an evaluation or a resume loads that one instead of resolving 'auto' again, maybe to another (a
+    hub model not yet cached when the run started, another machine)."""
+    dtypes = {"model.dtype": config.model.dtype, "engine.dtype": config.engine.dtype}
+    if AUTO not in dtypes.values():
+        return config
+    out = resolve({**dtypes, "model.name": config.model.name, "threads": config.threads},
+                  device_kind(config.model.device))
+    return replace(config, model=replace(config.model, dtype=out["model.dtype"]),
+                   engine=replace(config.engine, dtype=out["engine.dtype"]))
 
 
 def _threads(value: object) -> int | None:

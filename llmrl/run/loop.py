@@ -16,7 +16,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ..config import Config
+from ..config import Config, precision
 from ..errors import LLMRLError, PluginError, RunFailed
 from ..parallel.distributed import DistContext, distributed
 from .evaluate import EvalResult
@@ -41,7 +41,11 @@ def train(config: Config, reporter: Reporter | None = None, overwrite: bool = Fa
 
     Launched by torchrun with W > 1 processes, every process calls this; rank 0 alone reports and
     writes the run folder (the others return the run with empty metrics).
+
+    A dtype 'auto' (a Config built in Python; load_config resolves its own) is resolved first, so that
+    config.yaml names the dtype the run trained in.
     """
+    config = precision.resolved(config)
     with distributed(config.model.device, config.dist.timeout_s) as dist, folder_locks() as taken:
         try:
             return _train(config, (reporter or NullReporter()) if dist.is_main else NullReporter(), overwrite, resume,
