@@ -17,7 +17,7 @@ from typing import Any
 from .config import Config, load_config
 from .config.domains import check_prose
 from .engines import build_engine
-from .envs import ENVS, EnvSpec, resolve_env
+from .envs import ENVS, EnvSpec, call_format, resolve_env
 from .envs.checks import preflight
 from .errors import ConfigError
 from .run.actor import load_actor
@@ -119,8 +119,10 @@ def eval_model(
 
     Episodes (docs/environments.md) when an environment applies: `env`, else the run's rollout.env,
     else the task's own (calc, guess, ta:ENV_ID); rollout.max_turns and the other episode limits come
-    from the run's config, the call format from `tool_format` or the run's rollout.tool_format (or the task's
-    own). The report then adds turns_mean and tool_calls_per_episode.
+    from the run's config; the call format is `tool_format`, else the run's rollout.tool_format where the run set
+    one, else the evaluated task's own (a run that left it 'auto' keeps 'auto' in its config.yaml, so `--task
+    chat_calc_json` reads json calls whatever the run trained on), else hermes or plain by the chat template. The
+    report then adds tool_format (the one read), turns_mean and tool_calls_per_episode.
     """
     target = load_target(model, device=device, show_progress=show_progress)
     cfg = target.config
@@ -182,7 +184,8 @@ def _eval_episodes(model: str, target: EvalTarget, chosen: Task, rows: list[dict
                                role=target.role)
     greedy = with_groups(greedy, rows, chosen)  # a mixture's accuracy per task, the environment's rewards counted
     report: dict[str, Any] = {
-        "model": model, "evaluated": target.label, "task": chosen.name, "env": spec.name, "prompts": len(rows),
+        "model": model, "evaluated": target.label, "task": chosen.name, "env": spec.name,
+        "tool_format": call_format(target.tokenizer, rollout.tool_format), "prompts": len(rows),
         "prompts_from": f"the first {len(rows)} rows of {dataset}" if dataset is not None else "the held-out split",
         "greedy": {"accuracy": greedy.accuracy, "reward_mean": greedy.reward_mean, **greedy.metrics},
     }

@@ -115,9 +115,10 @@ def test_a_chat_model_gets_the_tools_in_its_prompt(tmp_path: Path) -> None:
     logged = [json.loads(line) for line in (tmp_path / "chat" / "completions.jsonl").read_text().splitlines()]
     assert logged and all(r["turns"][0]["by"] == "model" for r in logged)
     assert "tool_format: auto" in (tmp_path / "chat" / "config.yaml").read_text()  # calc shows no worked call
-    # chat_calc's worked example is a plain call: its format applies (auto) and is recorded as resolved
+    # chat_calc's worked example is a plain call: its format applies where the setting is auto, and config.yaml
+    # keeps auto as asked (test_eval.py: the format a run and an evaluation of it on another task read)
     _train(model_dir, tmp_path / "chat_calc", "--task", "chat_calc", "--set", "rollout.max_turns=2")
-    assert "tool_format: plain" in (tmp_path / "chat_calc" / "config.yaml").read_text()
+    assert "tool_format: auto" in (tmp_path / "chat_calc" / "config.yaml").read_text()
 
 
 ONE_TURN = '''

@@ -201,3 +201,69 @@ def test_eval_dataset_needs_a_reward_and_excludes_task(tiny_model_dir: Path, tmp
     assert no_reward.exit_code == 2 and "needs a reward" in no_reward.stderr
     both = CliRunner().invoke(app, ["eval", "--model", str(tiny_model_dir), "--dataset", str(data), "--task", "arithmetic"])
     assert both.exit_code == 2 and "not both" in both.stderr
+
+
+def _markov_chat_model(folder: Path) -> None:
+    """A chat model whose next token depends on the current token alone (its attention and MLP write nothing:
+    o_proj and down_proj are zero; embedding i is the unit vector e_i, so the final norm gives √128·e_i and
+    the head's column i, one 1 at the successor, makes that logit √128 ≈ 11.3, the others 0): after the
+    assistant's opening '\\n' it writes '12*34=' and its end token, in every turn. In the plain format that
+    turn is a calculator call, in the json format (no JSON object in it) the answer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.test_episodes import chat_tokenizer
+
+    tok = chat_tokenizer()
+    vocab, end = len(tok), tok.convert_tokens_to_ids("<|im_end|>")
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=128, num_hidden_layers=1, num_attention_heads=4,
+                                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=2048,
+                                         pad_token_id=tok.pad_token_id, eos_token_id=end, tie_word_embeddings=False))
+    script = tok.convert_tokens_to_ids(list("\n12*34="))
+    successor = dict.fromkeys(range(vocab), end) | dict(zip(script, script[1:]))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight.copy_(torch.eye(vocab, 128))
+        head = torch.zeros(vocab, 128)
+        for a, b in successor.items():
+            head[b, a] = 1.0
+        model.lm_head.weight.copy_(head)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+
+
+def test_an_eval_on_another_task_reads_that_tasks_tool_format(tmp_path: Path) -> None:
+    """`llmrl eval RUN --task OTHER` reads OTHER's own tool format where the run left rollout.tool_format auto
+    (config.yaml keeps auto), and a format the run set itself wins. The model writes '12*34=' every turn
+    (`_markov_chat_model`), so with max_turns 2 an episode read in the plain format makes 2 calls, one read in
+    json makes none and ends after its first turn: exact counts, not chance."""
+    model = tmp_path / "model"
+    _markov_chat_model(model)
+    small = ["rollout.prompts_per_step=2", "update.minibatch_size=2", "eval.size=2", "eval.every=0", "threads=1",
+             "rollout.max_new_tokens=8", "rollout.max_turns=2"]
+
+    def run(name: str, task: str, *extra: str) -> Path:
+        out = tmp_path / name
+        train(load_config(overrides={"model.name": str(model), "out": str(out), "steps": 1, "task": task},
+                          sets=[*small, *extra]))
+        return out
+
+    def read_in(report: dict, fmt: str) -> None:
+        calls, turns = {"plain": (2.0, 2.0), "json": (0.0, 1.0)}[fmt]
+        assert (report["greedy"]["tool_calls_per_episode"], report["greedy"]["turns_mean"]) == (calls, turns)
+        assert report["tool_format"] == fmt
+
+    plain_run = run("chat_calc", "chat_calc")
+    assert read_run(plain_run).summary["eval_tool_calls_per_episode_after"] == 2.0  # trained in its task's plain
+    read_in(eval_model(str(plain_run), task="chat_calc_json", samples=0), "json")
+    read_in(eval_model(str(plain_run), samples=0), "plain")  # its own task: its own format
+    json_run = run("chat_calc_json", "chat_calc_json")
+    assert read_run(json_run).summary["eval_tool_calls_per_episode_after"] == 0.0
+    read_in(eval_model(str(json_run), task="chat_calc", samples=0), "plain")
+    js = CliRunner().invoke(app, ["eval", "--model", str(json_run), "--task", "chat_calc", "--samples", "0", "--json"])
+    assert js.exit_code == 0, js.stderr
+    read_in(json.loads(js.stdout), "plain")
+    set_run = run("chat_calc_set", "chat_calc", "rollout.tool_format=plain")  # set by the user: kept
+    read_in(eval_model(str(set_run), task="chat_calc_json", samples=0), "plain")
+    read_in(eval_model(str(set_run), task="chat_calc_json", samples=0, tool_format="json"), "json")  # the flag wins

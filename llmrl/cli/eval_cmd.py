@@ -25,6 +25,7 @@ def render(report: dict[str, Any]) -> Table:
     held_out = report["prompts_from"] == "the held-out split"
     where = f"{report['prompts']} held-out prompts" if held_out else report["prompts_from"]
     in_env = f" in environment {report['env']}" if report.get("env") else ""
+    in_env += f", {report['tool_format']} calls" if report.get("tool_format") else ""
     table = Table(title=f"{report['evaluated']} on {report['task']}{in_env} ({where})")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -67,7 +68,7 @@ def eval(  # noqa: A001 - the command is called `eval`
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Longest completion. Default: the run's rollout.max_new_tokens."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda or auto. Default: the run's model.device."),
     env: Optional[str] = typer.Option(None, "--env", help="Score in episodes in this environment: calculator, guess, ta:ENV_ID (TextArena), module:Class or file.py:Class. Default: the run's rollout.env or the task's own (calc, guess, ta:ENV_ID)."),
-    tool_format: Optional[str] = typer.Option(None, "--tool-format", help="With a tool environment, how the model's calls are read: hermes, json or plain (rollout.tool_format). Default: the run's (or the task's own)."),
+    tool_format: Optional[str] = typer.Option(None, "--tool-format", help="With a tool environment, how the model's calls are read: hermes, json or plain (rollout.tool_format). Default: the run's where it set one, else the task's own (chat_calc: plain, chat_calc_json: json), else hermes with a chat template, plain without."),
     system_prompt: Optional[str] = typer.Option(None, "--system-prompt", help="System message put first in each prompt (data.system_prompt; needs a chat template). Default: the run's (a plain model: its template's own)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
 ) -> None:

@@ -122,7 +122,8 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
         raise ConfigError(f"'rollout.prompts_per_step' ({config.rollout.prompts_per_step}) must be divisible by "
                           f"the number of processes ({dist.world_size}).")
     task = dist.main_first(lambda: task_from_config(config), local=True)  # a dataset or reward model fills caches once
-    config = replace(config, rollout=with_task_format(config.rollout, task))  # recorded in config.yaml as resolved
+    asked = config  # config.yaml keeps rollout.tool_format as asked: 'auto' is the task's own, whatever the task
+    config = replace(config, rollout=with_task_format(config.rollout, task))
     env = episode_env(config, task, dist)
     path = dist.broadcast_object(Path(config.out) if config.out else default_out(config))
     folder = dist.main_only(lambda: RunFolder.open(path) if resume else RunFolder.create(path, overwrite))
@@ -158,7 +159,7 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
     # config.yaml last: from the moment it exists the caller's Ctrl-C handler says how to resume
     # (loop._nothing_trained_yet), so nothing slow may run between this write and the return
     if not resume:  # a resumed run records a new length once its checkpoint is restored (`record_steps`)
-        folder.write_config(config)
+        folder.write_config(asked)  # `llmrl eval RUN --task OTHER` then reads OTHER's format (model_eval)
     return session
 
 
