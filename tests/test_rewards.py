@@ -24,6 +24,7 @@ from llmrl.rewards import build_reward
 from llmrl.rewards.builtin import (exact_match, first_answer_number, first_number, format, last_number, length_penalty,
                                    numeric)
 from llmrl.rewards.model import RewardModel
+from tests.helpers import CLI_SMALL, cli_run
 
 CPU = torch.device("cpu")
 USER_MODULE = '''
@@ -259,3 +260,100 @@ def test_unknown_reward_is_refused_before_the_run(tmp_path: Path) -> None:
     assert result.stderr.strip() == ("error: Cannot import reward module 'no_such_module_xyz': "
                                      "No module named 'no_such_module_xyz'.")
     assert not (tmp_path / "r").exists()
+
+
+# --- rewards written for TRL ---------------------------------------------------------------------
+
+TRL_REWARD = '''
+def answer_and_length(completions, prompts, answer, **kwargs):
+    """Written for TRL's GRPOTrainer on a conversational dataset: called by keyword, each prompt a list of
+    messages and each completion a list of one assistant message."""
+    return [1000.0 * (p[-1]["role"] == "user") + 100.0 * int(a) + len(c[0]["content"])
+            for c, p, a in zip(completions, prompts, answer)]
+
+
+def length_only(completions, **kwargs):
+    """TRL's shape for a reward that reads the completions alone (think_format_reward's)."""
+    return [float(len(c[0]["content"])) for c in completions]
+'''
+
+
+def test_a_reward_written_for_trls_conversational_data_trains_through_the_cli(tmp_path: Path) -> None:
+    """A TRL reward file, used as it is, on a dataset of chat prompts: its entry's `completions: messages` hands
+    each completion as [{"role": "assistant", "content": text}], every argument by keyword, the prompts as
+    their message lists. Each logged reward is 1000 (the last prompt message is the user's) + 100·answer +
+    the completion's length in characters, term by term: the shapes TRL gives, or the sum would differ."""
+    from tests.test_episodes import chat_tokenizer
+    from transformers import LlamaForCausalLM
+
+    tok = chat_tokenizer()
+    model = tmp_path / "chat-model"
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256,
+                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)).save_pretrained(model)
+    tok.save_pretrained(model)
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps({"prompt": [{"role": "system", "content": "Answer with a number."},
+                                                   {"role": "user", "content": f"What is {i}+{i % 3}?"}],
+                                        "answer": str(i + i % 3)}) + "\n" for i in range(1, 21)))
+    rewards = tmp_path / "trl_rewards.py"
+    rewards.write_text(TRL_REWARD)
+    recipe = tmp_path / "trl.yaml"
+    recipe.write_text(f"reward:\n  functions:\n    - {{name: '{rewards}:answer_and_length', completions: messages}}\n"
+                      f"    - {{name: '{rewards}:length_only', completions: messages, weight: 0.5}}\n")
+    out = tmp_path / "run"
+    code, stdout, err = cli_run(["train", "--algo", "grpo", "--model", str(model), "--dataset", str(data), "--recipe",
+                                 str(recipe), "--steps", "1", "--out", str(out), *CLI_SMALL,
+                                 "--set", "rollout.num_generations=2", "--set", "rollout.max_new_tokens=6",
+                                 "--set", "log.completions_rows=8"])
+    assert code == 0, (stdout, err)
+    logged = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    assert len(logged) == 8  # all 4 prompts × 2 samples of step 1
+    for row in logged:
+        assert isinstance(row["prompt"], list) and row["prompt"][-1]["role"] == "user"
+        first, second = (row["rewards"][f"{rewards}:{f}"] for f in ("answer_and_length", "length_only"))
+        assert first == 1000 + 100 * int(row["answer"]) + len(row["completion"])
+        # float32 totals of values < 4000: exact to 2⁻¹² · 4000 ≈ 1e-3 at worst
+        assert second == len(row["completion"]) and row["reward"] == pytest.approx(first + 0.5 * second, abs=1e-3, rel=0)
+    (metrics,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    mean = sum(len(r["completion"]) for r in logged) / 8
+    assert metrics[f"reward/{rewards}:length_only"] == pytest.approx(mean, abs=1e-5, rel=0)  # every row's, logged
+
+
+def test_a_trl_reward_left_on_text_is_told_what_to_set(tmp_path: Path) -> None:
+    """The same reward without `completions: messages`: called by keyword, it indexes a text as a message list
+    on chat prompts and raises TypeError; the sentence naming it says what to set. On string prompts TRL hands
+    the text too: then `length_only` reads c[0] as one character, which has no 'content'."""
+    rewards = tmp_path / "trl_rewards.py"
+    rewards.write_text(TRL_REWARD)
+    chat = [{"prompt": [{"role": "user", "content": "What is 1+1?"}], "answer": "2"}]
+    with pytest.raises(RewardFailed, match=r"raised TypeError: .* \(the prompts are chat messages: a reward written "
+                                           r"for TRL's conversational data reads each completion as "
+                                           r"\[\{'role': 'assistant', 'content': \.\.\.\}\]; give its reward.functions "
+                                           r"entry completions: messages\)"):
+        score_texts(_build(f"{rewards}:answer_and_length"), chat, ["2"])
+    as_messages = _build({"name": f"{rewards}:answer_and_length", "completions": "messages"})
+    assert score_texts(as_messages, chat, ["22"]).tolist() == [1000 + 200 + 2]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [({"name": "numeric", "completions": "messages"},
+      "Reward 'numeric' reads the completions as text; 'completions: messages' is for a function of your own "
+      "written for TRL's conversational data."),
+     ({"name": "myrewards:length", "completions": "chat"}, "'completions' must be text or messages, got 'chat'.")],
+)
+def test_the_completions_shape_is_checked(user_module: Path, spec: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _build(spec)
+    assert message in str(info.value)
+
+
+def test_llmrl_rewards_are_called_as_before(user_module: Path) -> None:
+    # positional (prompts, completions) whatever the names; a TRL function taking only completions gets no prompts
+    (user_module.parent / "named.py").write_text("def f(ps, cs):\n    return [float(len(p) + len(c)) for p, c in zip(ps, cs)]\n"
+                                                 "def g(completions):\n    return [float(len(c)) for c in completions]\n")
+    rows = [{"prompt": "abc", "answer": "1"}]
+    assert score_texts(_build(f"{user_module.parent / 'named.py'}:f"), rows, ["xy"]).tolist() == [5.0]
+    assert score_texts(_build(f"{user_module.parent / 'named.py'}:g"), rows, ["xy"]).tolist() == [2.0]

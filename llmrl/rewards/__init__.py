@@ -8,12 +8,20 @@
         - {name: my_pkg.rewards:politeness, weight: 0.5}        # module:function (importable)
         - {name: rewards/mine.py:score}                         # file.py:function
         - {model: path/to/reward-model, weight: 0.2}            # AutoModelForSequenceClassification
+        - {name: trl_rewards.py:accuracy, completions: messages}  # a reward written for TRL's chat data
 
 The total reward of completion i is Σ_k weight_k · r_k(i). Every component is checked on its own
 (step/score.py: raises / wrong count / non-finite → the run stops naming it) and logged as
 `reward/<label>` in metrics.jsonl. A bare string entry `numeric` means `{name: numeric}`; a name
 that is not a built-in and has no ':' is a reward model (folder or hub id `org/name`). Other keys
 of an entry are options passed to the function as keyword arguments.
+
+A function is called as `fn(prompts, completions, **columns)`; one whose `completions` parameter is not
+its second is called by keyword, as TRL calls a reward (`fn(prompts=…, completions=…, **columns)`,
+prompts only where it takes them). `completions: messages` (a function's own entry) hands it each
+completion as TRL does for a conversational dataset, `[{"role": "assistant", "content": text}]`; the
+default `text` hands the strings (llmrl's own rewards read text). The prompts are the rows' own, a string
+or a list of messages, in both.
 """
 
 from __future__ import annotations
@@ -30,9 +38,10 @@ import torch
 
 from ..errors import ConfigError
 from .builtin import BUILTINS, COLUMN_READERS, require_math_verify
-from .resolve import check_options, resolve_function
+from .resolve import by_keyword, check_options, resolve_function
 
-RESERVED = ("name", "model", "weight", "label")
+RESERVED = ("name", "model", "weight", "label", "completions")
+SHAPES = ("text", "messages")  # how completions reach a function: its entry's `completions` (module docstring)
 
 
 @dataclass(frozen=True)
@@ -90,6 +99,7 @@ def _resolve_entry(spec: dict[str, Any], columns: set[str], source: str, device:
         raise ConfigError(f"Each entry of reward.functions needs exactly one of 'name' or 'model' (a string), got {spec!r}.")
     if name is not None and _is_model_name(name):
         model, name = name, None
+    shape = _shape(spec, name)
     if model is not None:
         if options:
             raise ConfigError(f"Reward model '{model}' takes no options; got {', '.join(options)}.")
@@ -100,7 +110,19 @@ def _resolve_entry(spec: dict[str, Any], columns: set[str], source: str, device:
     fn = resolve_function(name)
     check_options(name, fn, options)
     _check_builtin(name, options, columns, source)
-    return str(spec.get("label") or name), _bind(fn, options), float(weight)
+    return str(spec.get("label") or name), _bind(fn, options, shape, user=name not in BUILTINS), float(weight)
+
+
+def _shape(spec: dict[str, Any], name: str | None) -> str:
+    """The entry's `completions`: text (default) or messages, which only a function of the user's reads."""
+    shape = spec.get("completions", "text")
+    if shape not in SHAPES:
+        raise ConfigError(f"Reward entry {spec!r}: 'completions' must be text or messages, got {shape!r}.")
+    if shape == "messages" and (name is None or name in BUILTINS):
+        what = f"Reward '{name}' reads" if name else "A reward model reads"
+        raise ConfigError(f"{what} the completions as text; 'completions: messages' is for a function of your own "
+                          "written for TRL's conversational data.")
+    return shape
 
 
 def _is_model_name(name: str) -> bool:
@@ -110,18 +132,45 @@ def _is_model_name(name: str) -> bool:
     return Path(name).expanduser().is_dir() or (name.count("/") == 1 and not name.endswith(".py"))
 
 
-def _bind(fn: Callable[..., Sequence[float]], options: dict[str, Any]) -> Callable[..., Sequence[float]]:
-    """fn with its options bound; a function without **kwargs receives only the columns it names."""
+def _bind(fn: Callable[..., Sequence[float]], options: dict[str, Any], shape: str = "text",
+          user: bool = False) -> Callable[..., Sequence[float]]:
+    """fn with its options bound, called by position or by keyword (`by_keyword`), its completions in `shape`;
+    a function without **kwargs receives only the columns it names. A function of the user's (`user`) gets
+    its completions as text with a hint when it raises TypeError on chat prompts (`_hinted`)."""
     params = inspect.signature(fn).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+    open_ended = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    keyword = by_keyword(fn)
+    if open_ended and not keyword and not user:
         return partial(fn, **options) if options else fn
-    accepted = set(params)
+    with_prompts = open_ended or "prompts" in params
 
     def call(prompts: Sequence[Any], completions: Sequence[str], **columns: Any) -> Sequence[float]:
-        return fn(prompts, completions, **{k: v for k, v in columns.items() if k in accepted}, **options)
+        given = [[{"role": "assistant", "content": c}] for c in completions] if shape == "messages" else completions
+        named = columns if open_ended else {k: v for k, v in columns.items() if k in params}
+        if keyword:
+            return fn(**({"prompts": prompts} if with_prompts else {}), completions=given, **named, **options)
+        return fn(prompts, given, **named, **options)
 
     call.__qualname__ = getattr(fn, "__qualname__", repr(fn))
-    return call
+    return _hinted(call) if user and shape == "text" else call
+
+
+def _hinted(call: Callable[..., Sequence[float]]) -> Callable[..., Sequence[float]]:
+    """`call`, whose TypeError on chat prompts (a message list among them) says what a reward written for
+    TRL's conversational data needs: `completions: messages` (it indexed a string as a message list)."""
+
+    def hinted(prompts: Sequence[Any], completions: Sequence[str], **columns: Any) -> Sequence[float]:
+        try:
+            return call(prompts, completions, **columns)
+        except TypeError as exc:
+            if all(isinstance(p, str) for p in prompts):
+                raise
+            raise TypeError(f"{exc} (the prompts are chat messages: a reward written for TRL's conversational data "
+                            "reads each completion as [{'role': 'assistant', 'content': ...}]; give its "
+                            "reward.functions entry completions: messages)") from exc
+
+    hinted.__qualname__ = call.__qualname__
+    return hinted
 
 
 def check_columns(specs: Iterable[Mapping[str, Any] | str], columns: set[str], source: str) -> None:

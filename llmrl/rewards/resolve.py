@@ -37,12 +37,22 @@ def resolve_function(name: str) -> Callable[..., Any]:
     return fn
 
 
+def by_keyword(fn: Callable[..., Any]) -> bool:
+    """Whether `fn` is called as TRL calls a reward, every argument by keyword: it names a parameter
+    `completions` that is not its second (TRL's `def reward(completions, **kwargs)`). Any other function is
+    called as llmrl calls one, `fn(prompts, completions, **columns)`, whatever its first two are named."""
+    names = [n for n, p in inspect.signature(fn).parameters.items()
+             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return "completions" in names and names.index("completions") != 1
+
+
 def check_options(name: str, fn: Callable[..., Any], options: dict[str, Any]) -> None:
     """Options must be keyword parameters of `fn` (anything goes when it takes **kwargs)."""
     params = inspect.signature(fn).parameters.values()
     if any(p.kind is p.VAR_KEYWORD for p in params) and name not in BUILTINS:
         return
-    known = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)][2:]
+    known = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    known = [k for k in known if k not in ("prompts", "completions")] if by_keyword(fn) else known[2:]
     for key in options:
         if key not in known:
             valid = ", ".join(known) or "none"
