@@ -8,7 +8,8 @@ setting changes in a real run's seconds, phases and results (issue 58: `engine.d
 Each contender is NAME=KEY=VALUE[,KEY=VALUE...]; the contenders run in the given order for the
 first seed, reversed for the next, and so on. Recorded per run: from summary.json held-out accuracy
 before and after, mean seconds a step, peak RSS; the whole command's seconds; from metrics.jsonl the
-summed generate-phase seconds (`time_generate_s`), the mean `generate_useful_frac`, and a fingerprint
+summed generate-phase seconds (`time_generate_s`), the mean `generate_useful_frac` (episodes:
+`decode_idle_share`), and a fingerprint
 of what the run drew (per step: reward_mean, tokens, response_len), so that two settings that should
 draw the same completions can be seen to (float rounding may part a near-tie after some updates).
 The output is rewritten after every run; a run already in it is not repeated. `--set` adds overrides
@@ -37,8 +38,10 @@ def metrics_of(run: Path) -> dict:
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
     rows = [r for r in rows if "step_time_s" in r]
     useful = [r["generate_useful_frac"] for r in rows if "generate_useful_frac" in r]
+    idle = [r["decode_idle_share"] for r in rows if "decode_idle_share" in r]  # episodes' rows × steps that had stopped
     return {"time_generate_s": round(sum(r.get("time_generate_s", 0.0) for r in rows), 2),
             "generate_useful_frac": round(sum(useful) / len(useful), 4) if useful else None,
+            "decode_idle_share": round(sum(idle) / len(idle), 4) if idle else None,
             "drawn": [[r.get(k) for k in DRAWN] for r in rows]}
 
 

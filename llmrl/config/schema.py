@@ -132,7 +132,8 @@ class RolloutConfig:
         "auto", "with a tool environment: how calls are read. hermes: <tool_call>{json}</tool_call>, tools offered via the "
         "chat template (or a system message); json: hermes, or in a turn without tags every JSON object with \"name\" and "
         "\"arguments\", bare or ```json-fenced (Qwen2.5-Coder's calls); plain: a turn ending in '=' calls the only tool, "
-        "explained in a system message (for models that write no JSON); auto: hermes with a chat template, plain without",
+        "explained in a system message (for models that write no JSON); auto: the task's own format where it has one, else "
+        "hermes with a chat template, plain without",
         choices=("auto", "hermes", "json", "plain"))
     tool_timeout_s: float = opt(5.0, "with a tool environment: seconds one tool call may run before it counts "
                                 "as failed (the model reads the error)", gt=0, max=3600)

@@ -8,7 +8,7 @@ gathers the rows left, keeping the buffers' room), so a batch whose answers most
 longer pays for its longest one on every row. Each row draws from its own uniforms (`uniforms[row,
 t]`, keyed per row), so the tokens a row draws do not depend on which rows still run beside it; the
 logits do only through float rounding, where a matrix product's kernel depends on the number of rows
-(bit-identical on the built-in model; see docs/performance.md for what it measured on Qwen).
+(MKL's and oneDNN's do: a near-tie may then part; docs/engines.md has what that measured).
 
 When the caller keeps the cache (`Drawing.keep_cache`: an episode's next turn continues from it,
 `engines/hf_turns.py`), the rows that leave are set aside (their filled positions, one copy) and put
