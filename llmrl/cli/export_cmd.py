@@ -1,8 +1,10 @@
-"""`llmrl export`: a run's actor as a standalone model folder (or just its PEFT adapter)."""
+"""`llmrl export`: a run's actor as a standalone model folder (or just its PEFT adapter) with its model
+card, and with `--push-to-hub REPO` uploaded to a hub repository."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -18,10 +20,14 @@ def export(
     dtype: str = typer.Option("float32", "--dtype", help="Weights dtype of the export: float32, bfloat16 or float16."),
     adapter_only: bool = typer.Option(False, "--adapter-only", help="Write only the actor's PEFT adapter, not merged weights."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace what is already in --out."),
+    push_to_hub: Optional[str] = typer.Option(
+        None, "--push-to-hub", metavar="REPO", help="Then upload the folder to this hub model repository "
+        "(NAMESPACE/NAME, made if missing) with the token of HF_TOKEN or `hf auth login`; HF_ENDPOINT picks the hub."),
 ) -> None:
     """Merge the run's actor adapter into the base weights and save a model that
-    `AutoModelForCausalLM.from_pretrained(OUT)` loads without llmrl or peft."""
-    done = export_run(run_dir, out, dtype=dtype, adapter_only=adapter_only, overwrite=overwrite)
+    `AutoModelForCausalLM.from_pretrained(OUT)` loads without llmrl or peft, with a model card (README.md)."""
+    done = export_run(run_dir, out, dtype=dtype, adapter_only=adapter_only, overwrite=overwrite,
+                      push_to_hub=push_to_hub)
     what = "PEFT adapter" if done.kind == "adapter" else "merged model"
     Console().print(f"Wrote the {what} ({done.dtype}, from the {done.source}) to [bold]{done.path}[/]")
     if done.quantize != "none" and done.kind == "merged":
@@ -33,3 +39,5 @@ def export(
                         f"before this adapter to get the trained actor.")
     if done.kind == "merged":
         Console().print(f"Load it with: AutoModelForCausalLM.from_pretrained('{done.path}')")
+    if done.pushed:
+        Console().print(f"Pushed to {push_to_hub}: {done.pushed}")

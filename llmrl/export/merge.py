@@ -1,13 +1,13 @@
 """export_run: a run's trained actor → a standalone Hugging Face model folder (or just its adapter).
 
-The merged folder holds `model.safetensors`, `config.json`, `generation_config.json` and the
-tokenizer files, and loads with `AutoModelForCausalLM.from_pretrained(DIR)` without llmrl or peft:
+The merged folder holds `model.safetensors`, `config.json`, `generation_config.json`, the
+tokenizer files and a model card, README.md (card.py), and loads with `AutoModelForCausalLM.from_pretrained(DIR)` without llmrl or peft:
 every LoRA layer is folded into its base weight (W ← W + (α/r)·B·A, computed in float32) and every
 `modules_to_save` copy (the tiny model's trained norms) replaces the frozen original. The result is
 cast to the requested dtype only after merging.
 
 Everything is written into a temporary sibling folder and renamed into place, so a failed export
-never leaves a half-written model under the final name.
+never leaves a half-written model under the final name. `push_to_hub` then uploads the folder (hub.py).
 """
 
 from __future__ import annotations
@@ -15,29 +15,33 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from transformers import PreTrainedModel
 from transformers.utils import logging as hf_logging
 
-from .errors import LLMRLError
-from .run.actor import actor_source, load_actor, merge_actor, run_config
-from .models.load import DTYPES
-from .run.folder import MARKER, RUN_PARTS
+from ..errors import LLMRLError
+from ..run.actor import actor_source, load_actor, merge_actor, run_config
+from ..models.load import DTYPES
+from ..run.folder import MARKER, RUN_PARTS
+from .card import card
+from .hub import hub_token, push
 
 
 @dataclass(frozen=True)
 class Exported:
     """What `export_run` wrote: the folder, its kind ('merged' | 'adapter'), the dtype, where the
-    actor weights came from (the final adapter or a checkpoint) and the run's model.quantize ('none',
-    or the 4-bit kind whose de-quantised weights a merged export holds)."""
+    actor weights came from (the final adapter or a checkpoint), the run's model.quantize ('none',
+    or the 4-bit kind whose de-quantised weights a merged export holds) and, after --push-to-hub, the
+    URL of the hub commit."""
 
     path: Path
     kind: str
     dtype: str
     source: str
     quantize: str = "none"
+    pushed: str | None = None
 
 
 EXPORT_MARKERS = ("config.json", "adapter_config.json")  # what an earlier export (or any model folder) holds
@@ -105,7 +109,7 @@ def _unquantized(model: PreTrainedModel) -> PreTrainedModel:
     return model
 
 
-def _write_merged(run_dir: Path, tmp: Path, dtype: str) -> str:
+def _write_merged(run_dir: Path, tmp: Path, dtype: str) -> None:
     """A 4-bit base's run merges into deq(W_q), as peft does for QLoRA (`load_actor(dequantize=True)`)."""
     stack, tokenizer, _ = load_actor(run_dir, dtype="float32", device="cpu", dequantize=True)
     model = _unquantized(merge_actor(stack)).to(DTYPES[dtype])
@@ -114,10 +118,9 @@ def _write_merged(run_dir: Path, tmp: Path, dtype: str) -> str:
     tokenizer.save_pretrained(tmp)
     if not (tmp / "generation_config.json").is_file() and model.generation_config is not None:
         model.generation_config.save_pretrained(tmp)
-    return actor_source(run_dir).describe()
 
 
-def _write_adapter(run_dir: Path, tmp: Path, dtype: str) -> str:
+def _write_adapter(run_dir: Path, tmp: Path, dtype: str) -> None:
     stack, _, _ = load_actor(run_dir, dtype="float32", device="cpu")
     stack.peft.to(DTYPES[dtype])
     staging = tmp / ".peft"
@@ -125,32 +128,40 @@ def _write_adapter(run_dir: Path, tmp: Path, dtype: str) -> str:
     for f in (staging / "actor").iterdir():  # peft puts a named adapter in a subfolder
         os.replace(f, tmp / f.name)
     shutil.rmtree(staging)
-    return actor_source(run_dir).describe()
 
 
 def export_run(run_dir: str | Path, out: str | Path, *, dtype: str = "float32", adapter_only: bool = False,
-               overwrite: bool = False) -> Exported:
-    """Write the run's actor to `out`: merged into the base weights, or (`adapter_only`) as a PEFT adapter."""
+               overwrite: bool = False, push_to_hub: str | None = None) -> Exported:
+    """Write the run's actor to `out`: merged into the base weights, or (`adapter_only`) as a PEFT adapter,
+    with its model card; then, with `push_to_hub` (a hub repository id), upload the folder there."""
     run_dir, out = Path(run_dir), Path(out)
     if dtype not in DTYPES:
         raise LLMRLError(f"Unknown dtype '{dtype}'; valid: {', '.join(DTYPES)}.")
     if not (run_dir / "config.yaml").is_file():
         raise LLMRLError(f"'{run_dir}' is not a run folder (no config.yaml); nothing to export.")
-    actor_source(run_dir)  # fails early when the run saved no actor yet
+    source = actor_source(run_dir)  # fails early when the run saved no actor yet
     check_out(out, overwrite, run_dir)
+    token = hub_token(push_to_hub) if push_to_hub else None  # before minutes of merging
+    config = run_config(run_dir)
+    kind = "adapter" if adapter_only else "merged"
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         tmp.mkdir(parents=True)
         was = hf_logging.is_progress_bar_enabled()
         hf_logging.disable_progress_bar()
         try:
-            source = (_write_adapter if adapter_only else _write_merged)(run_dir, tmp, dtype)
+            (_write_adapter if adapter_only else _write_merged)(run_dir, tmp, dtype)
         finally:
             if was:
                 hf_logging.enable_progress_bar()
+        card(config, run_dir, source, kind, dtype, push_to_hub or out.name).save(tmp / "README.md")
         _publish(tmp, out)
     except OSError as exc:
         raise LLMRLError(f"Cannot write the export to '{out}': {exc.strerror or exc}.", exit_code=1) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return Exported(out, "adapter" if adapter_only else "merged", dtype, source, run_config(run_dir).model.quantize)
+    done = Exported(out, kind, dtype, source.describe(), config.model.quantize)
+    if push_to_hub:
+        url = push(out, push_to_hub, token or "", f"llmrl export of the run {run_dir.name} ({kind}, {dtype})")
+        done = replace(done, pushed=url)
+    return done
