@@ -28,7 +28,8 @@ from llmrl.step.forward import forward, masked_logprobs, masked_values
 from llmrl.step.generate import decode
 from llmrl.engines.hf import generate, row_uniforms
 from llmrl.step.update import _actor_loss, make_optimizers, update
-from llmrl.models.stack import PolicyStack
+from llmrl.models.prefix import distinct_prompts
+from llmrl.models.stack import PolicyStack, layout
 from llmrl.models.tokenizer import build_char_tokenizer
 from llmrl.tasks import TASKS, get_task
 
@@ -257,3 +258,28 @@ def test_rollout_plan_forwards_are_deterministic_under_dropout() -> None:
     assert out[0][0] == out[1][0]
     for a, b in zip(out[0][1:], out[1][1:]):
         assert torch.equal(a, b)
+
+
+def test_a_gradient_forward_with_dropout_draws_each_rows_own_masks_with_shared_prompts() -> None:
+    # issue 59 item 3: with shared prompts a prompt runs once for its G rows (and an opening all prompts
+    # share once for every row), so its positions would get one dropout mask for all of them; the update's
+    # gradient forwards therefore run every row's prompt itself while dropout draws masks, and give exactly
+    # what a stack without prompt sharing gives from the same RNG state (the same calls in the same order)
+    stack = _stack()
+    batch, _ = _sampled_batch(stack)
+    seq = layout(batch.prompt_ids, batch.prompt_mask.long(), batch.response_ids, batch.response_mask.long())
+    assert distinct_prompts(seq.ids[:, : seq.prompt_len], seq.attention[:, : seq.prompt_len]) is not None
+    out = {}
+    for shared in (True, False):
+        stack.share_prompts = shared
+        with stack.use("actor"), stack.dropout_active():
+            torch.manual_seed(11)
+            out[shared] = stack.hidden(seq)
+    assert torch.equal(out[True], out[False])
+    with torch.no_grad(), stack.use("actor"):  # outside the update (dropout off) the prompts are shared again
+        stack.share_prompts = True
+        calls: list[int] = []
+        hook = stack.lm.get_decoder().register_forward_hook(lambda m, a, o: calls.append(1))
+        stack.hidden(seq)
+        hook.remove()
+    assert len(calls) == 2  # the distinct prompts, then every row's response (models/prefix.py)

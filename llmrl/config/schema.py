@@ -46,8 +46,9 @@ class ModelConfig:
                          choices=("auto", "sdpa", "eager"))
     trust_remote_code: bool = opt(False, "let transformers run code shipped with the model")
     share_prompts: bool = opt(
-        True, "run each distinct prompt once per forward and let all its samples attend to its key/value "
-        "cache (when that saves at least half the prompt work, e.g. GRPO groups); same numbers up to float rounding")
+        True, "run each distinct prompt once per forward and let all its samples attend to its key/value cache (when that "
+        "saves at least half the prompt work, e.g. GRPO groups); same numbers up to float rounding; not in the update's "
+        "gradient forwards with lora.dropout > 0 (each row draws its own dropout masks) or activation checkpointing")
     length_buckets: bool = opt(
         True, "run a batch's rows in groups of like response length, each trimmed of the padding its rows share, "
         "where that saves more positions than a forward call costs (llmrl/models/buckets.py); same numbers up to "
@@ -133,8 +134,7 @@ class RolloutConfig:
         "chat template (or a system message); json: hermes, or in a turn without tags every JSON object with \"name\" and "
         "\"arguments\", bare or ```json-fenced (Qwen2.5-Coder's calls); plain: a turn ending in '=' calls the only tool, "
         "explained in a system message (for models that write no JSON); auto: the task's own format where it has one, else "
-        "hermes with a chat template, plain without",
-        choices=("auto", "hermes", "json", "plain"))
+        "hermes with a chat template, plain without", choices=("auto", "hermes", "json", "plain"))
     tool_timeout_s: float = opt(5.0, "with a tool environment: seconds one tool call may run before it counts "
                                 "as failed (the model reads the error)", gt=0, max=3600)
     env_timeout_s: float = opt(60.0, "with an environment: seconds one reset or step may run before the run stops "

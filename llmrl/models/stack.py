@@ -231,6 +231,10 @@ class PolicyStack(nn.Module):
             for d, mode in zip(self._dropouts, before):
                 d.train(mode)
 
+    def _dropout_on(self) -> bool:
+        """Whether LoRA dropout draws masks now (`dropout_active` with lora.dropout > 0)."""
+        return any(d.training and d.p > 0 for d in self._dropouts)
+
     def release_float32_masters(self) -> None:
         """Undo `float32_masters` (before a merge into the base's dtype): hooks removed, every
         trainable copy cast back to the dtype it had. A no-op for a float32 base."""
@@ -263,8 +267,9 @@ class PolicyStack(nn.Module):
         """Last hidden states at the positions that predict response tokens: (N, T, H)."""
         keep = self._keep
         p = seq.prompt_len
-        # a checkpointed gradient forward cannot write into the shared prompts' KV cache (checkpointing.py)
-        shared = self.share_prompts and not (self.checkpointing and torch.is_grad_enabled())
+        # a checkpointed gradient forward cannot write into the shared prompts' KV cache (checkpointing.py), and
+        # with LoRA dropout drawing masks a prompt run once would give all its rows one mask where each draws its own
+        shared = self.share_prompts and not (torch.is_grad_enabled() and (self.checkpointing or self._dropout_on()))
         groups = distinct_prompts(seq.ids[:, :p], seq.attention[:, :p]) if shared else None
         decoder = self.lm.get_decoder()
         with capture_layer_input(decoder, self.critic_start, keep is not None) as parts:
