@@ -499,3 +499,27 @@ def test_each_turns_mean_reward_is_a_step_metric() -> None:
     assert stats["env_reward_turn3"] == pytest.approx(33.0, abs=1e-4) and stats["env_reward_turn4"] is None
     # the episodes' totals: 11, 3·30 + 1 + 2 + 3 = 96, 2·20 + 1 + 2 = 43
     assert samples.episodes.env_reward.tolist() == [11.0, 96.0, 43.0]
+
+
+def test_a_turn_that_quotes_its_earlier_call_is_counted() -> None:
+    """The json format reads every untagged {"name", "arguments"} object as a call (Qwen2.5-Coder's calls), so an
+    answer that quotes the call it made continues the episode unscored; `repeated_call_share` counts such turns.
+    Turn 1 calls, turn 2 answers quoting that call (a repeat: the episode goes on), turn 3 answers: per episode
+    1 repeated turn of 3, over 2 episodes 2 / 6 = 1/3; a call with other arguments is no repeat."""
+    from llmrl.step.episodes import episode_stats
+
+    tok = chat_tokenizer()
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    call = '{"name": "calculator", "arguments": {"expression": "12*3"}}'
+    other = '{"name": "calculator", "arguments": {"expression": "12*4"}}'
+    turns = [[*char_ids(tok, call), end], [*char_ids(tok, f"36, from {call}"), end], [*char_ids(tok, "36"), end]]
+    rows = [{"prompt": "What is 12*3?", "answer": "36"}]
+    cfg = RolloutConfig(max_new_tokens=80, max_turns=4, num_generations=2, tool_format="json")
+    samples = generate_episodes(ScriptedEngine(turns), tok, resolve_env("calculator"), rows, torch.tensor([5]),
+                                cfg=cfg, seed=0, step=0, device=CPU, stop_ids=[end])
+    assert samples.episodes.turns.tolist() == [3, 3] and samples.episodes.repeated_calls.tolist() == [1, 1]
+    assert episode_stats(samples)["repeated_call_share"] == pytest.approx(1 / 3, abs=1e-12)
+    turns = [[*char_ids(tok, call), end], [*char_ids(tok, other), end], [*char_ids(tok, "48"), end]]
+    fresh = generate_episodes(ScriptedEngine(turns), tok, resolve_env("calculator"), rows, torch.tensor([5]),
+                              cfg=cfg, seed=0, step=0, device=CPU, stop_ids=[end])
+    assert fresh.episodes.turns.tolist() == [3, 3] and episode_stats(fresh)["repeated_call_share"] == 0.0

@@ -36,7 +36,7 @@ from ..config.schema import RolloutConfig
 from ..engines.base import GenerationEngine, SamplingSettings, row_keys
 from ..engines.turns import left_pad, open_turns
 from ..envs import EnvSpec, EnvStep, call_format, env_turn_ids, parse_calls, prompt_ids, run_with_limit
-from ..envs.checks import build, call_tools, check_opening, check_step, check_tools
+from ..envs.checks import F32_MAX, build, call_tools, check_opening, check_step, check_tools
 from ..errors import PluginError
 from .records import EpisodeLog, Samples
 
@@ -118,6 +118,8 @@ class Episode:
     env_tokens: int = 0
     env_reward: float = 0.0
     rewards: list[tuple[int, float]] = field(default_factory=list)
+    made: list[Any] = field(default_factory=list)  # the tool calls made so far (ToolCall)
+    repeats: int = 0  # turns whose every call repeats one made before (e.g. an answer quoting its call)
 
     def playing(self) -> bool:
         return not self.done and (self.cap is None or len(self.ids) < self.cap)
@@ -171,10 +173,16 @@ def _answer(spec: EnvSpec, tokenizer: PreTrainedTokenizerBase, ep: Episode, i: i
     stopped = bool(sampled) and sampled[-1] in stop_ids
     # a turn cut before its stop token is unfinished: it calls nothing (a call cut mid-way is no tool error)
     calls = parse_calls(tokenizer.decode(sampled[:-1], skip_special_tokens=False), fmt) if stopped else []
+    ep.repeats += bool(calls) and all(c in ep.made for c in calls)  # the json format reads a quoted call as a call
+    ep.made += calls
     started = time.perf_counter()
     out = _checked_step(spec, ep.env, i, ep.turns, ep.last_text, calls, cfg.env_timeout_s)
     seconds = time.perf_counter() - started
     ep.env_reward += float(out.reward)
+    if abs(ep.env_reward) > F32_MAX:  # each turn's reward is within float32's range (check_step), their sum may not be
+        raise EnvFailed(f"Environment '{spec.name}' returned rewards that sum to {ep.env_reward:g} over the turns of "
+                        f"episode {i} (turn {ep.turns}), beyond the float32 range (|r| ≤ {F32_MAX:.4g}) rewards are "
+                        "trained in; scale them down.")
     ep.rewards.append((len(ep.ids) - 1, float(out.reward)))
     ep.calls += out.tool_calls
     ep.errors += out.tool_errors
@@ -256,7 +264,8 @@ def _samples(episodes: list[Episode], rows: Sequence[dict[str, Any]], index: Ten
                      torch.tensor([ep.env_tokens for ep in episodes]), env_time, early.to(device), slots,
                      torch.tensor([[r for _, r in ep.rewards] + [float("nan")] * (max_turns - len(ep.rewards))
                                    for ep in episodes], dtype=torch.float32),
-                     right_pad([ep.turn_of for ep in episodes], 0, torch.long).to(device))
+                     right_pad([ep.turn_of for ep in episodes], 0, torch.long).to(device),
+                     torch.tensor([ep.repeats for ep in episodes]))
     return Samples(
         rows=tuple(rows), prompt_ids=p_ids.to(device), prompt_mask=p_mask.to(device),
         response_ids=right_pad([ep.ids for ep in episodes], pad, torch.long).to(device),
@@ -275,6 +284,9 @@ def episode_stats(samples: Samples) -> dict[str, float | None]:
     (its batch until its longest answer ends) whose row had already stopped: episodes waiting for the
     turn's end (the `hf` engine no longer computes them: its finished rows leave the decoding batch).
     An episode that ended leaves the batch at the next turn, so finished episodes cost no slot.
+    repeated_call_share = (turns whose every call repeats one the episode made before) / turns: in the json
+    format an untagged {"name", "arguments"} object is a call, so an answer that quotes its earlier call
+    continues the episode instead of being scored (docs/environments.md).
     `env_reward_turn{k}`, k = 1 … rollout.max_turns: the environment's mean reward for turn k over the
     episodes that took it (None when none did)."""
     log = samples.episodes
@@ -285,7 +297,14 @@ def episode_stats(samples: Samples) -> dict[str, float | None]:
             "tool_error_rate": float(log.tool_errors.sum()) / calls if calls else 0.0,
             "episode_tokens": real / samples.n, "masked_token_frac": float(log.env_tokens.sum()) / real if real else 0.0,
             "env_reward_mean": log.env_reward.mean().item(), "env_time_s": log.env_time_s,
-            "decode_idle_share": 1.0 - acted / log.decode_slots if log.decode_slots else 0.0, **_per_turn(log)}
+            "decode_idle_share": 1.0 - acted / log.decode_slots if log.decode_slots else 0.0,
+            "repeated_call_share": _share(log.repeated_calls, log.turns), **_per_turn(log)}
+
+
+def _share(part: Tensor | None, whole: Tensor) -> float:
+    """Σ part / Σ whole over the episodes (0 when whole sums to 0 or part is not logged)."""
+    total = float(whole.sum())
+    return float(part.sum()) / total if part is not None and total else 0.0
 
 
 def _per_turn(log: EpisodeLog) -> dict[str, float | None]:

@@ -65,8 +65,9 @@ def _log_rows(log: EpisodeLog | None, rows: list[int]) -> EpisodeLog | None:
     early = None if log.early_rewards is None else log.early_rewards[rows]
     per_turn = None if log.turn_rewards is None else log.turn_rewards[rows]
     index = None if log.turn_index is None else log.turn_index[rows]
+    repeated = None if log.repeated_calls is None else log.repeated_calls[rows]
     return EpisodeLog(log.turns[rows], log.tool_calls[rows], log.tool_errors[rows], log.env_reward[rows],
-                      log.env_tokens[rows], log.env_time_s, early, log.decode_slots, per_turn, index)
+                      log.env_tokens[rows], log.env_time_s, early, log.decode_slots, per_turn, index, repeated)
 
 
 def _join_logs(logs: Sequence[EpisodeLog | None], width: int) -> EpisodeLog | None:
@@ -81,7 +82,8 @@ def _join_logs(logs: Sequence[EpisodeLog | None], width: int) -> EpisodeLog | No
                       None if any(e is None for e in early) else torch.cat([_pad(e, width, 0.0, False) for e in early]),
                       sum(x.decode_slots for x in logs),
                       None if any(x.turn_rewards is None for x in logs) else cat(lambda x: x.turn_rewards),
-                      None if any(i is None for i in index) else torch.cat([_pad(i, width, 0, False) for i in index]))
+                      None if any(i is None for i in index) else torch.cat([_pad(i, width, 0, False) for i in index]),
+                      None if any(x.repeated_calls is None for x in logs) else cat(lambda x: x.repeated_calls))
 
 
 def select_groups(samples: Samples, scores: Scores, keep: Tensor) -> tuple[Samples, Scores]:

@@ -46,7 +46,8 @@ class EpisodeLog:
     for a turn the episode did not reach (`episode_stats`' per-turn means).
     turn_index (N, T) long, aligned with the response: k on the tokens of the model's turn k (1-based), 0 on
     the environment's and on padding; it tells two model turns apart where the environment's answer between
-    them is empty (`episode_view`) and gives the last turn's length (`step/overlong.py`)."""
+    them is empty (`episode_view`) and gives the last turn's length (`step/overlong.py`).
+    repeated_calls (N,) turns whose every tool call repeats one the episode had made (`episode_stats`)."""
 
     turns: Tensor
     tool_calls: Tensor
@@ -58,6 +59,7 @@ class EpisodeLog:
     decode_slots: int = 0
     turn_rewards: Tensor | None = None
     turn_index: Tensor | None = None
+    repeated_calls: Tensor | None = None
 
 
 @dataclass(frozen=True)
