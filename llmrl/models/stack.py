@@ -38,6 +38,7 @@ from .buckets import bucketed, model_call_positions
 from .sequences import Sequences, layout  # noqa: F401  (re-exported: the layout's home was here)
 from .checkpointing import checkpoint_layers
 from .decoding import wide
+from .logit_head import model_head
 from .logprobs import CHUNK_MIB, at_least_float32, chunk_positions, tempered, token_stats
 from .masters import float32_masters, release
 from .prefix import PromptGroups, common_prefix, distinct_prompts, shared_prefix_hidden
@@ -324,15 +325,15 @@ class PolicyStack(nn.Module):
         """Logits of the response tokens divided by the temperature: (N, T, V), float32 (float64 for a
         float64 model, which the exactness tests use)."""
         h = self.hidden(seq)
-        return tempered(self.lm.get_output_embeddings()(h), temperature)
+        return tempered(model_head(self.lm)(h), temperature)
 
     def response_stats(self, seq: Sequences, tokens: Tensor, mask: Tensor, temperature: float,
                        entropy: str = "off") -> tuple[Tensor, Tensor | None]:
         """log π(a_t|s_t) of the response tokens (N, T), 0 outside `mask` when chunked, and the
         entropy H_t (N, T) unless `entropy` is 'off' ('logged': no graph; 'trained'): at most
-        `logits_chunk` positions' logits at once (models/logprobs.py)."""
-        head = self.lm.get_output_embeddings()
-        return token_stats(head, self.hidden(seq), tokens, mask, temperature, self.logits_chunk, entropy)
+        `logits_chunk` positions' logits at once (models/logprobs.py), through the model's own logit
+        transform where it has one (models/logit_head.py)."""
+        return token_stats(model_head(self.lm), self.hidden(seq), tokens, mask, temperature, self.logits_chunk, entropy)
 
     def values(self, seq: Sequences, base: Tensor | None = None) -> Tensor:
         """V(s_t) for every response position: value_head(h_t), (N, T). Call under `use('critic')`.
