@@ -4,7 +4,10 @@ download). Before the tool run the model is taught, in the test, to write one `<
 answer after the tool: a random model writes no call, and a run whose calls are never parsed checks
 nothing. Asserted: the prompts the template renders (its default system prompt, or data.system_prompt),
 the calls parsed from the model's own tokens, and the action mask (model turns trained, the
-environment's tokens not)."""
+environment's tokens not). The reasoning-gym runs start from a model taught to answer every
+leg_counting question with held-out question 0's answer, in tags under the template's own system
+prompt and alone under an empty one, so that their held-out strict and lenient accuracies are known
+numbers (not zeros of a random model) that the run's evaluation must reproduce."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from llmrl import load_config, train
 from llmrl.envs import resolve_env
 from llmrl.envs.render import env_turn_ids, prompt_ids
 from llmrl.models.prompts import render_prompts
-from llmrl.tasks import TASKS
+from llmrl.tasks import TASKS, Task, task_from_config
 
 TEMPLATE = (Path(__file__).parent / "data" / "qwen2.5-chat-template.jinja").read_text()
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+2"}}\n</tool_call>'
@@ -45,11 +48,7 @@ def chatml_tokenizer() -> Qwen2Tokenizer:
 def taught_qwen2(tok: Qwen2Tokenizer, steps: int = 150) -> Qwen2ForCausalLM:
     """A 2-layer Qwen2 (q/k/v biases, untied head) taught by cross-entropy on its two turns of four
     chat_calc_tools episodes: CALL, then after the tool's answer '4'."""
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=128, max_position_embeddings=2048,
-                      tie_word_embeddings=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    model = Qwen2ForCausalLM(cfg)
+    model = qwen2_of(tok)
     tools = resolve_env("calculator").make().tools()
     end = tok.convert_tokens_to_ids("<|im_end|>")
     text_ids = lambda text: tok(text, add_special_tokens=False).input_ids  # noqa: E731
@@ -60,16 +59,76 @@ def taught_qwen2(tok: Qwen2Tokenizer, steps: int = 150) -> Qwen2ForCausalLM:
         env = env_turn_ids(tok, [{"role": "tool", "name": "calculator", "content": "4"}], tools, "<|im_end|>")
         ids = prompt + turn1 + env + turn2
         labels = [-100] * len(prompt) + turn1 + [-100] * len(env) + turn2
-        batch.append((torch.tensor([ids]), torch.tensor([labels])))
+        batch.append({"input_ids": torch.tensor([ids]), "labels": torch.tensor([labels])})
+    return teach(model, batch, steps)
+
+
+def qwen2_of(tok: Qwen2Tokenizer) -> Qwen2ForCausalLM:
+    """A random 2-layer Qwen2 (q/k/v biases, untied head, hidden 64) for `tok` (seed 0)."""
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=128, max_position_embeddings=2048,
+                      tie_word_embeddings=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    return Qwen2ForCausalLM(cfg)
+
+
+def teach(model: Qwen2ForCausalLM, batch: list[dict[str, torch.Tensor]], steps: int) -> Qwen2ForCausalLM:
+    """`steps` steps of Adam (lr 3e-3) on the cross-entropy of the model's inputs (input_ids, labels, …)
+    taken in turn."""
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     for step in range(steps):
-        ids, labels = batch[step % len(batch)]
-        loss = model(input_ids=ids, labels=labels).loss
+        loss = model(**batch[step % len(batch)]).loss
         opt.zero_grad()
         loss.backward()
         opt.step()
     assert loss.item() < 0.05, loss.item()
     return model.eval()
+
+
+RG_SETS = ["rg.train_size=8", "rg.eval_size=2"]
+
+
+def rg_task(system_prompt: str | None = None) -> Task:
+    """The leg_counting task as the runs below build it (8 train, 2 held-out questions)."""
+    extra = [] if system_prompt is None else [f"data.system_prompt={json.dumps(system_prompt)}"]
+    return task_from_config(load_config(overrides={"task": "rg:leg_counting"}, sets=[*RG_SETS, *extra]))
+
+
+def answers(x: str) -> dict[str, str]:
+    """What the answering model writes: under the template's default system prompt `<answer>x</answer>`,
+    under an empty system prompt `x` alone."""
+    return {"default": f"<answer>{x}</answer>", "empty": x}
+
+
+@pytest.fixture(scope="module")
+def answering_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Qwen2 taught on the 8 train questions, rendered both ways (one batch of 16, right-padded), to
+    write `answers(x)` for x = held-out question 0's answer; checked on the held-out questions through
+    transformers' own greedy generate."""
+    tok = chatml_tokenizer()
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    x = rg_task().eval[0]["answer"]
+    rows = []
+    for name, system in (("default", None), ("empty", "")):
+        for row in rg_task(system).train:
+            prompt = tok(render_prompts(tok, [row["prompt"]])[0][0], add_special_tokens=False).input_ids
+            answer = tok(answers(x)[name], add_special_tokens=False).input_ids + [end]
+            rows.append((prompt + answer, [-100] * len(prompt) + answer))
+    width = max(len(ids) for ids, _ in rows)
+    pad = lambda seq, value: seq + [value] * (width - len(seq))  # noqa: E731
+    batch = {"input_ids": torch.tensor([pad(ids, tok.pad_token_id) for ids, _ in rows]),
+             "attention_mask": torch.tensor([pad([1] * len(ids), 0) for ids, _ in rows]),
+             "labels": torch.tensor([pad(labels, -100) for _, labels in rows])}
+    model = teach(qwen2_of(tok), [batch], steps=100)
+    for name, system in (("default", None), ("empty", "")):
+        for row in rg_task(system).eval:
+            ids = torch.tensor([tok(render_prompts(tok, [row["prompt"]])[0][0], add_special_tokens=False).input_ids])
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False)
+            assert tok.decode(out[0, ids.shape[1]:]) == answers(x)[name] + "<|im_end|>", name
+    path = tmp_path_factory.mktemp("qwen2-answers") / "model"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -109,20 +168,35 @@ def test_tool_episodes_parse_the_models_hermes_calls_and_train_only_its_turns(ch
         assert r["turns"][0]["tokens"] == len(CALL) - len("<tool_call></tool_call>") + 2 + 1  # bytes, 2 tags, stop
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
-    assert all(m["tool_calls_per_episode"] >= 0.5 and m["tool_error_rate"] == 0.0 for m in metrics), metrics
+    for m in metrics:  # the step's episodes, every one in completions.jsonl: calls per episode, failed calls / calls
+        episodes = [r for r in rows if r["step"] == m["step"]]
+        calls = sum(r["tool_calls"] for r in episodes)
+        assert len(episodes) == 4 and m["tool_calls_per_episode"] == calls / 4 >= 0.5, (m, episodes)
+        assert m["tool_error_rate"] == sum(r["tool_errors"] for r in episodes) / calls == 0.0, m
 
 
-def test_a_reasoning_gym_task_trains_through_the_template_with_a_system_prompt(chatml_dir: Path, tmp_path: Path) -> None:
+def test_a_reasoning_gym_task_trains_through_the_template_with_a_system_prompt(answering_dir: Path, tmp_path: Path) -> None:
+    held_out = rg_task().eval
+    x = held_out[0]["answer"]
+    share = sum(r["answer"] == x for r in held_out) / len(held_out)  # of the held-out questions the model answers right
+    assert share == 0.5  # the two questions' answers differ: a score of the wrong rows shows
     runs = {}
     for name, extra in (("default", []), ("empty", ['data.system_prompt=""'])):
         out = tmp_path / name
-        train(load_config(overrides={"model.name": str(chatml_dir), "out": str(out), "steps": 1,
+        train(load_config(overrides={"model.name": str(answering_dir), "out": str(out), "steps": 1,
                                      "task": "rg:leg_counting", "algo": "grpo"},
-                          sets=[*SMALL, "rollout.max_new_tokens=8", "rg.train_size=8", "rg.eval_size=2", *extra]))
+                          sets=[*SMALL, "rollout.max_new_tokens=24", *RG_SETS, *extra]))
         runs[name] = _completions(out)
         summary = json.loads((out / "summary.json").read_text())
-        assert {"eval_strict_accuracy_after", "eval_lenient_accuracy_after"} <= set(summary), summary
-    tok = AutoTokenizer.from_pretrained(chatml_dir)  # as the runs load it
+        # before the update the model writes answers(x)[name] to every held-out question: the tagged answer
+        # counts for strict and lenient, the bare one for lenient only; the reward (rg.reward strict) is the
+        # strict score, so the accuracy is the strict one
+        strict = share if name == "default" else 0.0
+        assert (summary["eval_strict_accuracy_before"], summary["eval_lenient_accuracy_before"]) == (strict, share), summary
+        assert summary["eval_accuracy_before"] == strict, summary
+        assert 0.0 <= summary["eval_strict_accuracy_after"] <= summary["eval_lenient_accuracy_after"] <= 1.0, summary
+        assert all(r["completion"] == answers(x)[name] for r in runs[name]), runs[name]  # sampled at T 0.3: as taught
+    tok = AutoTokenizer.from_pretrained(answering_dir)  # as the runs load it
     texts = {name: render_prompts(tok, [r["prompt"] for r in rows])[0] for name, rows in runs.items()}
     assert all(t.startswith(QWEN_SYSTEM + "<|im_end|>\n<|im_start|>user\n") for t in texts["default"])
     assert all(t.startswith("<|im_start|>system\n<|im_end|>\n<|im_start|>user\n") for t in texts["empty"])
