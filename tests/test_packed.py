@@ -4,6 +4,8 @@ the built-in tiny model."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from peft.tuners.lora import LoraLayer
@@ -13,7 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from llmrl import load_config
 from llmrl.config.schema import LoraConfig
 from llmrl.engines.base import GenerationRequest, SamplingSettings, row_keys
-from llmrl.engines.hf import HFEngine, hf_engine
+from llmrl.engines.hf import HFEngine, hf_engine, key_uniforms
 from llmrl.models.decoding import skinny_head
 from llmrl.models.merged import merged_actor
 from llmrl.models.packed import packable, packed_linears, packed_size
@@ -57,6 +59,42 @@ def _request() -> GenerationRequest:
 def _linears(model: nn.Module, base: bool = True) -> list[nn.Linear]:
     """The model's nn.Linear modules: the base's (no peft adapter part in the name), or every one."""
     return [m for n, m in model.named_modules() if type(m) is nn.Linear and (not base or "lora_" not in n)]
+
+
+def _parted_at_near_ties(stack: PolicyStack, a: torch.Tensor, b: torch.Tensor, tol: float) -> int:
+    """How many rows of two decodings of `_request()` (response ids `a`, `b`) draw different tokens;
+    each must part at a near tie. A row draws token i where F_{i−1} ≤ u < F_i (u: its keyed uniform
+    at that step, F: the CDF of softmax(logits) in vocabulary order, `engines/hf_decode.py`), so with
+    CDFs within tol of the actor's (recomputed here by a plain forward of the prompt and the common
+    tokens), each of the two tokens drawn at the first differing step satisfies F_{i−1} − tol ≤ u < F_i + tol."""
+    request = _request()
+    u = key_uniforms(request.keys, request.settings.max_new_tokens)
+    prompts = request.prompt_ids.repeat_interleave(request.num_samples, 0)  # rows are prompt-major
+    same = (a == b).long().cumprod(1).sum(1)  # per row, the steps before the first difference
+    parted = [row for row in range(a.shape[0]) if int(same[row]) < a.shape[1]]
+    for row in parted:
+        t = int(same[row])
+        ids = torch.cat([prompts[row], a[row, :t]])[None]
+        with torch.no_grad(), stack.use("actor"):
+            cdf = torch.softmax(stack.lm(input_ids=ids).logits[0, -1].double(), -1).cumsum(-1)
+        x = float(u[row, t]) * float(cdf[-1])
+        for token in (int(a[row, t]), int(b[row, t])):
+            low = float(cdf[token - 1]) if token else 0.0
+            assert low - tol <= x < float(cdf[token]) + tol, (
+                f"row {row} parts at step {t}: token {token} spans [{low:.4f}, {float(cdf[token]):.4f}) of the CDF, "
+                f"its uniform is {x:.4f}")
+    return len(parted)
+
+
+def test_a_parting_far_from_a_tie_is_caught() -> None:
+    """The near-tie check can fail: one token of a decoding changed by hand is no near tie."""
+    stack = _stack(torch.float32)
+    plain = HFEngine(stack, TOK.eos_token_id, TOK.pad_token_id, pack=False).generate(_request())
+    assert _parted_at_near_ties(stack, plain.response_ids, plain.response_ids, 2e-4) == 0
+    moved = plain.response_ids.clone()
+    moved[3, 2] = (moved[3, 2] + 1) % len(TOK)
+    with pytest.raises(AssertionError, match="row 3 parts at step 2"):
+        _parted_at_near_ties(stack, plain.response_ids, moved, 2e-4)
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -122,11 +160,15 @@ def test_decoding_through_packed_weights_draws_the_same_tokens(dtype, monkeypatc
     assert calls[0] == 8 * (2 * 7 + 1)
     assert packed.logprobs is not None and plain.logprobs is not None
     # float32: another kernel's sums, ~1e-6 apart; bfloat16: at most a rounding step apart per product
-    # (the same bits on the AMD EPYC of docs/performance.md). Each row draws the same tokens until the
-    # two part at a near tie, log-probs within 1e-4 (float32) / 2e-2 (bfloat16: a logit of size ≤ 10
-    # moves ≤ 10·2^-8 ≈ 0.04 per rounding step) before that; most rows never part
+    # (the same bits on the AMD EPYC of docs/performance.md). Logits that move by ≤ ε move each p_j by
+    # ≤ 2ε·p_j, so each CDF value F_i by ≤ 2ε·min(F_i, 1 − F_i) ≤ ε: ε ≤ 1e-4 (float32), ≤ 10·2^-8 ≈ 0.04
+    # (bfloat16: a logit of size ≤ 10, one rounding step), and as much again between the plain decoding
+    # and the check's own forward (unmerged LoRA): where a row parts, both tokens drawn hold its uniform
+    # within tol = 2ε of their spans of the check's CDF; before that, log-probs within 1e-4 (float32) /
+    # 2e-2 (bfloat16)
+    tol = 2e-4 if dtype == torch.float32 else 0.08
+    _parted_at_near_ties(stack, plain.response_ids, packed.response_ids, tol)
     until = (packed.response_ids == plain.response_ids).long().cumprod(1).bool()
-    assert until.float().mean() >= 0.75
     atol = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(packed.logprobs[until], plain.logprobs[until], atol=atol, rtol=0)
     assert not any("forward" in m.__dict__ for m in _linears(stack.lm, base=False))
@@ -188,6 +230,24 @@ def test_a_cpu_without_bfloat16_in_onednn_packs_no_bfloat16_weight(monkeypatch: 
     assert packed.logprobs is not None and plain.logprobs is not None and torch.equal(packed.logprobs, plain.logprobs)
 
 
+@pytest.mark.parametrize("missing", ["_reorder_linear_weight", "_linear_pointwise", "_is_mkldnn_bf16_supported"])
+def test_a_torch_without_the_private_ops_decodes_plain(missing: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """oneDNN's packing ops are private to torch (`torch.ops.mkldnn`): a torch without one of them (hidden
+    here) packs nothing, and the engine's `pack=True` decodes through the plain products, bit for bit."""
+    stack = _stack(torch.float32)
+    plain = HFEngine(stack, TOK.eos_token_id, TOK.pad_token_id, pack=False).generate(_request())
+    ops = torch.ops.mkldnn
+    kept = {name: getattr(ops, name) for name in ("_reorder_linear_weight", "_linear_pointwise", "_is_mkldnn_bf16_supported")}
+    del kept[missing]
+    monkeypatch.setattr(torch.ops, "mkldnn", SimpleNamespace(**kept))  # getattr of `missing` raises AttributeError
+    assert not packable(stack.lm) and packed_size(stack.lm) == (0, 0)
+    with torch.no_grad(), packed_linears(stack.lm, 8):
+        assert not any("forward" in m.__dict__ for m in _linears(stack.lm, base=False))
+    packed = HFEngine(stack, TOK.eos_token_id, TOK.pad_token_id, pack=True).generate(_request())
+    assert torch.equal(packed.response_ids, plain.response_ids)  # the plain path itself: the same bits
+    assert packed.logprobs is not None and plain.logprobs is not None and torch.equal(packed.logprobs, plain.logprobs)
+
+
 def test_the_merged_actor_is_packed_straight_without_a_merged_copy(monkeypatch: pytest.MonkeyPatch) -> None:
     """merge + pack: W′ = W + s·B·A exists only as its packed copy; the base's tensors are never replaced."""
     stack = _stack(torch.float32)
@@ -202,9 +262,10 @@ def test_the_merged_actor_is_packed_straight_without_a_merged_copy(monkeypatch: 
         h.remove()
     assert calls[0] == 8 * (2 * 7 + 1)  # every adapted layer and the head ran packed, at every step
     assert set(seen) <= set(originals) and len(seen) == 8 * 2 * 7  # W itself stayed in place: no W′ tensor
-    # the same W′ (packed product vs MKL's plain one, ~1e-6 apart in float32): the same tokens until a near tie
+    # the same W′ (packed product vs MKL's plain one, ~1e-6 apart in float32): the same tokens until a near
+    # tie, both tokens then within 2e-4 of the uniform (CDFs ≤ 1e-4 apart, the check's forward as much again)
+    _parted_at_near_ties(stack, merged.response_ids, fused.response_ids, 2e-4)
     until = (fused.response_ids == merged.response_ids).long().cumprod(1).bool()
-    assert until.float().mean() >= 0.75
     torch.testing.assert_close(fused.logprobs[until], merged.logprobs[until], atol=1e-4, rtol=0)
     assert [m.weight.data_ptr() for m in adapted] == originals and not any("forward" in m.__dict__ for m in adapted)
     # a call the packed copy cannot take (gradients on) computes W·x + s·B·(A·x) through the adapter

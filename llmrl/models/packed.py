@@ -46,14 +46,28 @@ MIN_HIDDEN = WIDE  # 256: smaller models decode through the plain products (the 
 ADAPTER_PARTS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "modules_to_save", "original_module")
 
 
+PRIVATE_OPS = ("_reorder_linear_weight", "_linear_pointwise", "_is_mkldnn_bf16_supported")
+"""The torch.ops.mkldnn ops packing calls: private to torch (torch.compile's CPU backend uses them), so a
+torch build may lack or rename them; without all of them decoding runs the plain products."""
+
+
+def has_private_ops() -> bool:
+    """Whether this torch has every op of `PRIVATE_OPS` (an op namespace raises on a name it lacks)."""
+    try:
+        return all(callable(getattr(torch.ops.mkldnn, name)) for name in PRIVATE_OPS)
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def packable(model: nn.Module) -> bool:
-    """Whether `model`'s decoding packs its linear layers: on the CPU, with oneDNN enabled, hidden size
-    ≥ 256 (of the text model, for a composite config), and some layer `_linears` takes."""
+    """Whether `model`'s decoding packs its linear layers: on the CPU, with oneDNN enabled and torch's
+    private ops for it present (`PRIVATE_OPS`), hidden size ≥ 256 (of the text model, for a composite
+    config), and some layer `_linears` takes."""
     config = getattr(model, "config", None)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     hidden = getattr(text, "hidden_size", 0) or 0
     return (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled and hidden >= MIN_HIDDEN
-            and bool(_linears(model)))
+            and has_private_ops() and bool(_linears(model)))
 
 
 def _dtypes() -> tuple[torch.dtype, ...]:
