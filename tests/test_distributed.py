@@ -90,7 +90,8 @@ def test_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path, name: str
     for a, b in zip(one.metrics, two.metrics):
         assert {k: a[k] for k in EXACT} == {k: b[k] for k in EXACT}
         for key, value in a.items():  # losses, KL, gradient norms: equal up to summation order
-            if isinstance(value, float) and key not in EXACT and not is_timing(key):
+            # generate_useful_frac is each process's batch: two halves decode to their own longest answers
+            if isinstance(value, float) and key not in EXACT and not is_timing(key) and key != "generate_useful_frac":
                 assert b[key] == pytest.approx(value, abs=1e-5, rel=1e-4), key
     # the same adapters after 3 steps
     roles = ["actor", "critic"] if name.startswith("ppo") else ["actor"]

@@ -154,12 +154,15 @@ def _rollout_stats(stream: Samples, rounds: list[Samples]) -> dict[str, Any]:
     masks m: the share of rows × decoding steps that drew a token of an answer (a batch decoded with
     every row to its longest answer would spend the rest on finished rows; the `hf` engine's finished
     rows leave the batch instead, engines/hf_decode.py). Episodes: the stream's prompts' episode
-    metrics (round 0, as `reward_mean`), with env_time_s and decode_idle_share over every round's
-    episodes (the time and slots were spent on all of them)."""
+    metrics (round 0, as `reward_mean`), with env_time_s, decode_idle_share and generate_useful_frac (the
+    model's tokens / the turns' decode slots, 1 − decode_idle_share: one-turn episodes give the one-turn
+    value) over every round's episodes (the time and slots were spent on all of them). Both are this
+    process's batch: with several processes each decodes its own rows to its own longest answer."""
     if stream.episodes is None:
         slots = sum(r.response_mask.numel() for r in rounds)
         return {"generate_useful_frac": sum(float(r.response_mask.sum()) for r in rounds) / slots if slots else 0.0}
     logs = [(r.episodes, float(r.response_mask.sum())) for r in rounds if r.episodes is not None]
     slots = sum(log.decode_slots for log, _ in logs)
+    useful = sum(acted for _, acted in logs) / slots if slots else 1.0
     return {**episode_stats(stream), "env_time_s": sum(log.env_time_s for log, _ in logs),
-            "decode_idle_share": 1.0 - sum(acted for _, acted in logs) / slots if slots else 0.0}
+            "decode_idle_share": 1.0 - useful if slots else 0.0, "generate_useful_frac": useful if slots else 0.0}
