@@ -47,7 +47,8 @@ def test_two_processes_with_an_engine_each_equal_one(warm_tiny_dir: Path, tmp_pa
     for x, y in zip(a, b):
         assert {k: x[k] for k in EXACT} == {k: y[k] for k in EXACT}  # the same rollouts
         for key, value in x.items():  # losses, gradient norms, the vLLM/trainer mismatch: up to summation order
-            if isinstance(value, float) and key not in EXACT and not is_timing(key):
+            # generate_useful_frac is each process's batch: two halves decode to their own longest answers
+            if isinstance(value, float) and key not in EXACT and not is_timing(key) and key != "generate_useful_frac":
                 assert y[key] == pytest.approx(value, abs=1e-5, rel=1e-4), key
         assert y["time_sync_s"] > 0  # every rank's engine was synced after every update
     first = load_file(tmp_path / "one" / "adapters" / "actor" / "adapter_model.safetensors")
