@@ -60,6 +60,16 @@ class InfReward(BadLater):
         return EnvStep(reward=float("inf"), done=True)
 
 
+class HugeLater(BadLater):
+    def bad(self):
+        return EnvStep(reward=3e38, done=True)
+
+
+def huge_task_reward(prompts, completions, **columns):
+    """3e38 for every completion: within float32's range, as is the environment's 3e38; their sum is not."""
+    return [3e38] * len(completions)
+
+
 class DoneYes(BadLater):
     def bad(self):
         return EnvStep(reward=0.5, done="yes")
@@ -224,6 +234,19 @@ def test_an_environment_reward_of_nan_stops_the_run_at_its_source(tiny_model_dir
     assert [p.name for p in list_checkpoints(out)] == ["step-000001"]
     rows = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1] and rows[0]["skipped_updates"] == 0
+
+
+def test_a_task_reward_plus_environment_rewards_beyond_float32_stops_the_run(tiny_model_dir: Path, plugins: Path,
+                                                                             tmp_path: Path) -> None:
+    """Each term within float32's range (3e38 ≤ 3.4028e38), their sum 6e38 not: the episode's reward
+    is refused in one sentence where run/draws.py adds them (was: reward inf, no error)."""
+    out = tmp_path / "sum"
+    line = _one_sentence(*_train(tiny_model_dir, plugins, out, "--env", "envs.py:HugeLater", "--reward",
+                                 "envs.py:huge_task_reward", "--set", "eval.size=0"), 1,
+                         "The reward of episode 0 overflows float32: the task's reward 3e+38 plus the environment's "
+                         "3e+38; scale one of them down. Training state after step 1 is checkpointed")
+    assert line.endswith(f"continue with: llmrl train --resume {out}")
+    assert [p.name for p in list_checkpoints(out)] == ["step-000001"]
 
 
 @pytest.mark.parametrize(("env", "returned"), [

@@ -38,7 +38,7 @@ from ..step.generate import generate
 from ..step.groups import extra_prompts, informative, join_samples, join_scores, select_groups
 from ..step.overlong import sequence_rewards
 from ..step.records import Samples, Scores
-from ..step.score import score, score_texts
+from ..step.score import score, score_texts, with_env_rewards
 from .session import Session, episode_context
 
 
@@ -127,7 +127,7 @@ def _episodes(s: Session, step: int, rows: list[dict[str, Any]], index: torch.Te
     with clock("score"):
         scores = score(samples, s.task.reward, device)
     assert samples.episodes is not None
-    scores = replace(scores, scores=scores.scores + samples.episodes.env_reward.to(device))
+    scores = replace(scores, scores=with_env_rewards(scores.scores, samples.episodes.env_reward))
     if plan.greedy:  # ReMax: each row's greedy episode's score is the baseline of its G episodes
         baseline = _greedy_episode_scores(s, step, rows, index, clock)
         scores = replace(scores, baseline=baseline.repeat_interleave(cfg.rollout.num_generations).to(device))
@@ -146,7 +146,7 @@ def _greedy_episode_scores(s: Session, step: int, rows: list[dict[str, Any]], in
                                    context=episode_context(s), greedy=True)
     with clock("score"):
         assert greedy.episodes is not None
-        return score_texts(s.task.reward, rows, greedy.completions) + greedy.episodes.env_reward
+        return with_env_rewards(score_texts(s.task.reward, rows, greedy.completions), greedy.episodes.env_reward)
 
 
 def _rollout_stats(stream: Samples, rounds: list[Samples]) -> dict[str, Any]:

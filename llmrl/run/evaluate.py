@@ -18,7 +18,7 @@ from ..envs import EnvSpec
 from ..models.prompts import Prompt
 from ..step.episodes import generate_episodes
 from ..step.generate import decode, encode_prompts
-from ..step.score import score_texts
+from ..step.score import score_texts, with_env_rewards
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ def evaluate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
         errors.append(ep.episodes.tool_errors.float())
     if not rows:
         return EvalResult(0.0, 0.0, [], {})
-    rewards = score_texts(reward_fn, rows, completions) + torch.cat(env_rewards)
+    rewards = with_env_rewards(score_texts(reward_fn, rows, completions), torch.cat(env_rewards))
     n = len(rows)
     extra = {name: float(score_texts(fn, rows, completions).sum()) / n for name, fn in (metrics or {}).items()}
     extra.update(eos_rate=float(torch.cat(ended).sum()) / n, response_len=float(torch.cat(lengths).sum()) / n,
@@ -157,7 +157,7 @@ def evaluate_sampled_episodes(engine: GenerationEngine, tokenizer: PreTrainedTok
         texts += ep.completions
         env_rewards.append(ep.episodes.env_reward)
     expanded = [r for r in rows for _ in range(samples)]
-    rewards = score_texts(reward_fn, expanded, texts) + torch.cat(env_rewards) if rows else torch.zeros(0)
+    rewards = with_env_rewards(score_texts(reward_fn, expanded, texts), torch.cat(env_rewards)) if rows else torch.zeros(0)
     correct = (rewards >= success).view(len(rows), samples).sum(1).tolist() if rows else []
     ks = sorted({1, samples})
     pass_at = {k: sum(pass_at_k(samples, c, k) for c in correct) / max(len(rows), 1) for k in ks}
@@ -180,7 +180,7 @@ def per_group(rows: Sequence[dict[str, Any]], completions: Sequence[str], reward
         part, texts = [rows[i] for i in idx], [completions[i] for i in idx]
         rewards = score_texts(reward_fn, part, texts)
         if env_rewards is not None:
-            rewards = rewards + torch.tensor([env_rewards[i] for i in idx], dtype=rewards.dtype)
+            rewards = with_env_rewards(rewards, torch.tensor([env_rewards[i] for i in idx]))
         out[f"accuracy/{g}"] = float((rewards >= success).sum()) / len(idx)
         for name, fn in (metrics or {}).items():
             out[f"{name}/{g}"] = float(score_texts(fn, part, texts).sum()) / len(idx)

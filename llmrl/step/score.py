@@ -68,6 +68,18 @@ def score_parts(reward_fn: Callable[..., Sequence[float]], rows: Sequence[dict[s
 F32_MAX = torch.finfo(torch.float32).max  # ≈ 3.4028e38: rewards are float32 tensors from here on
 
 
+def with_env_rewards(task: Tensor, env: Tensor) -> Tensor:
+    """(N,) float32 episode rewards: the task's reward of each episode's last turn `task` (N,) plus the
+    environment's summed rewards `env` (N,). Each is within float32's range (`_checked`, and the
+    environment's sum in step/episodes.py) but their sum may not be: a RewardFailed names the episode."""
+    total = task + env.to(device=task.device, dtype=task.dtype)
+    if not torch.isfinite(total).all():
+        i = int((~torch.isfinite(total)).nonzero()[0])
+        raise RewardFailed(f"The reward of episode {i} overflows float32: the task's reward {float(task[i]):g} plus "
+                           f"the environment's {float(env[i]):g}; scale one of them down.")
+    return total
+
+
 def _checked(name: str, fn: Callable[..., Sequence[float]], prompts: list[Any], completions: Sequence[str],
              columns: dict[str, list[Any]], kind: str = "Reward function") -> Tensor:
     """(N,) float32: one real number per completion, each finite in float32, or a RewardFailed
