@@ -12,12 +12,18 @@ lower bounds (what one step needs at the least, never an estimate of the peak):
                     together; their KV cache alone, 2 · L · N · (1 + T) · n_kv · d_head · bytes (L layers,
                     T = rollout.max_new_tokens, at least one prompt token), plus one step's float32 logits
                     N · V · 4, must fit in the device's memory (physical memory on the CPU)
+    what it holds   once the stack and engine are built (`check_memory`): the base as held (4-bit codes and
+                    scales, or `model.dtype`), the adapters, value head and AdamW state, the `hf` engine's
+                    copies while it generates (merged and prepacked weights; vLLM's weights and KV cache),
+                    and that KV cache and logits, all at once during the generate phase: more than the
+                    device's memory (shared by the processes of one machine on the CPU) is refused, naming
+                    the parts and the settings that drop the largest
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -27,7 +33,53 @@ from ..models.load import device_memory, torch_dtype
 
 
 def _gib(n: float) -> str:
-    return f"{n / 2**30:,.1f} GiB"
+    """Bytes as GiB with one decimal, or MiB below 1 GiB."""
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+
+
+def decode_floor(config: Config, model_config: Any) -> tuple[int, int]:
+    """(N, bytes): the rows one step decodes together and their KV cache and float32 logits at the least,
+    N · (2 · L · (1 + T) · n_kv · d_head · bytes + V · 4) (the module docstring)."""
+    text = model_config.get_text_config()
+    hidden = int(getattr(text, "hidden_size", 0) or 0)
+    r = config.rollout
+    rows = (r.prompts_per_step + r.oversample) * r.num_generations
+    layers = int(getattr(text, "num_hidden_layers", 1) or 1)
+    heads = int(getattr(text, "num_attention_heads", 1) or 1)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(text, "head_dim", None) or (hidden // heads if hidden else 1))
+    vocab = int(getattr(text, "vocab_size", 1) or 1)
+    size = torch.finfo(torch_dtype(config.model.dtype, config.model.device, config.model.name)).bits // 8
+    return rows, rows * (2 * layers * (1 + r.max_new_tokens) * kv_heads * head_dim * size + vocab * 4)
+
+
+def check_memory(config: Config, costs: Sequence[Any], model_config: Any, device: torch.device,
+                 processes: int = 1) -> None:
+    """Refuse a run whose parts held at once while it generates exceed the device's memory: `costs` the
+    (role, params, bytes) rows of the start-up table (run/memory.py: the base as held, adapters, value
+    head, AdamW state, the engine's copies) plus `decode_floor`; on the CPU `processes` processes of one
+    machine share its memory. A lower bound (no activation, no allocator slack): a refused run could
+    never have generated. The sentence names the parts and the settings that drop the largest."""
+    share = processes if device.type == "cpu" else 1
+    have = device_memory(device) // share
+    rows, floor = decode_floor(config, model_config)
+    need = sum(c.bytes for c in costs) + floor
+    if need <= have:
+        return
+    parts = sorted([(c.bytes, c.role) for c in costs if c.bytes] + [(floor, f"the KV cache and logits of {rows:,} rows")],
+                   reverse=True)
+    named = ", ".join(f"{what} {_gib(b)}" for b, what in parts[:4])
+    copies = sum(c.bytes for c in costs if c.role.startswith("hf engine"))
+    fixes = []
+    if copies:
+        fixes.append(f"engine.pack_weights=false and engine.merge_lora=false drop the engine's {_gib(copies)} of "
+                     "copies (slower decoding)")
+    if config.model.quantize == "none":
+        fixes.append("model.quantize=nf4 holds the base's linear layers in 4 bits (pip install -e '.[quant]')")
+    fixes.append("fewer rows or new tokens shrink the KV cache" if floor * 4 > need else "a smaller model fits")
+    where = f"{device.type} memory" + (f" per process ({processes} on this machine)" if share > 1 else "")
+    raise ConfigError(f"This run holds at least {_gib(need)} at once while it generates ({named}), more than the "
+                      f"{_gib(have)} of {where}: {'; '.join(fixes)}.")
 
 
 def check_sizes(config: Config, model_config: Any, device: torch.device) -> None:
@@ -42,15 +94,7 @@ def check_sizes(config: Config, model_config: Any, device: torch.device) -> None
     if hidden and config.lora.r > hidden:
         raise ConfigError(f"'lora.r' ({config.lora.r}) exceeds the model's hidden size ({hidden}): a LoRA update of a "
                           f"layer has rank at most its width, so a larger rank only adds parameters.")
-    r = config.rollout
-    rows = (r.prompts_per_step + r.oversample) * r.num_generations
-    layers = int(getattr(text, "num_hidden_layers", 1) or 1)
-    heads = int(getattr(text, "num_attention_heads", 1) or 1)
-    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(text, "head_dim", None) or (hidden // heads if hidden else 1))
-    vocab = int(getattr(text, "vocab_size", 1) or 1)
-    size = torch.finfo(torch_dtype(config.model.dtype, config.model.device, config.model.name)).bits // 8
-    need = rows * (2 * layers * (1 + r.max_new_tokens) * kv_heads * head_dim * size + vocab * 4)
+    rows, need = decode_floor(config, model_config)
     have = device_memory(device)
     if need > have:
         raise ConfigError(f"One step decodes {rows:,} rows ((rollout.prompts_per_step + rollout.oversample) × "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -36,7 +37,8 @@ from ..tasks import Task, task_from_config, task_slug, with_task_format
 from .data import PromptSampler
 from .evaluate import EvalResult, evaluate, evaluate_episodes, with_groups
 from .folder import ReaderFolder, RunFolder
-from .preflight import check_sizes
+from .memory import engine_costs, role_costs
+from .preflight import check_memory, check_sizes
 from .reporting import Reporter
 
 
@@ -150,6 +152,8 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
     engine = build_engine(config.rollout.engine, stack=stack, tokenizer=tokenizer, config=config, dist=dist,
                           longest_prompt=longest,
                           response_tokens=None if env is None else episode_budget(config.rollout))
+    check_memory(config, role_costs(stack) + engine_costs(engine), base.config, base.device,
+                 int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # torchrun's processes on this machine
     session = Session(
         config, task, tokenizer, stack, engine, spec, plan_for(config, spec, stack, getattr(engine, "own_weights", False)), make_optimizers(stack, config.update),
         KLController(config.kl.beta, config.kl.adaptive, config.kl.target, config.kl.horizon),
