@@ -20,9 +20,13 @@ Workloads, each a request a run makes with the engine at its defaults (`hf_engin
                   32 new tokens, through the prepacked weights (which take the LM head: skinny_head is idle)
     rg-unpacked   the same with `engine.pack_weights=false`: the path of an episode's later turns and of a
                   model the packing does not take
+    turn-unpacked a later turn's shape: the same questions after a system prompt of ~700 tokens (the calculator
+                  recipe's rendered tool schema and earlier turns are 650-900), 64 new tokens, unpacked
 
 Reported per workload and contender: the median seconds of `engine.generate` over --reps (after a warm-up
-of each), the ratio to `today`, and whether each drew the same tokens and log-probabilities as `today`.
+of each), the answer tokens it drew, the ratio of its seconds per answer token to `today`'s (a contender
+whose products round differently may draw other tokens, so other lengths), and whether each drew the same
+tokens and log-probabilities as `today`.
 """
 
 from __future__ import annotations
@@ -56,6 +60,9 @@ from llmrl.step.generate import encode_prompts  # noqa: E402
 from llmrl.tasks import task_from_config  # noqa: E402
 
 RECIPE = "recipes/qwen2.5-0.5b-rg.yaml"
+LONG_CONTEXT = " ".join(["You can call the calculator tool with a JSON object holding its name and arguments; the tool "
+                         "answers with the value of the expression, and you then answer the question with the number "
+                         "alone. Earlier turns of this conversation are kept above."] * 16)  # ≈ 700 tokens
 
 
 class PlainLayer(DynamicLayer):
@@ -136,15 +143,17 @@ def measure(engine: Any, request: GenerationRequest, names: list[str], reps: int
         for name in (names if rep % 2 == 0 else names[::-1]):
             s, gens[name] = timed(engine, request, name)
             seconds[name].append(s)
-    base = statistics.median(seconds["today"])
-    return {n: {"s": statistics.median(v), "all": [round(x, 3) for x in v], "ratio_to_today": statistics.median(v) / base,
+    tokens = {n: int(g.response_mask.sum()) for n, g in gens.items()}  # what each decoded (finished rows leave)
+    base = statistics.median(seconds["today"]) / tokens["today"]
+    return {n: {"s": statistics.median(v), "all": [round(x, 3) for x in v], "tokens": tokens[n],
+                "ratio_to_today": statistics.median(v) / tokens[n] / base,
                 "same_draws_as_today": same(gens[n], gens["today"])} for n, v in seconds.items()}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct", help="the model of the rg workloads")
-    ap.add_argument("--workloads", default="default,default-eval,rg,rg-unpacked")
+    ap.add_argument("--workloads", default="default,default-eval,rg,rg-unpacked,turn-unpacked")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None)
@@ -165,11 +174,12 @@ def main() -> None:
                 table[w] = measure(engine, requests[w], names, a.reps)
                 print(w, json.dumps({n: (round(v["s"], 4), round(v["ratio_to_today"], 3), v["same_draws_as_today"])
                                      for n, v in table[w].items()}), flush=True)
-    for w, pack in (("rg", True), ("rg-unpacked", False)):
+    for w, pack, extra in (("rg", True, []), ("rg-unpacked", False, []),
+                           ("turn-unpacked", False, [f"data.system_prompt={LONG_CONTEXT}", "rollout.max_new_tokens=64"])):
         if w not in wanted:
             continue
         config = load_config(RECIPE, sets=[f"model.name={a.model}", "task=rg:aiw", "rg.train_size=64", "rg.eval_size=8",
-                                           f"engine.pack_weights={str(pack).lower()}"])
+                                           f"engine.pack_weights={str(pack).lower()}", *extra])
         engine, tok = engine_for(config)
         r = config.rollout
         table[w] = measure(engine, workload(config, tok, r.prompts_per_step, r.num_generations, r.max_new_tokens, False),

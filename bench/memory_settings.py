@@ -12,12 +12,17 @@ commands of one configuration under each set of settings, alternated, each in it
     nf4             model.quantize=nf4: the frozen base's linear layers in 4 bits (issue 56)
     nf4+micro8      the same with micro-batches of 8 rows and the allocator setting
     nf4+ckpt        the same with activation checkpointing and the allocator setting
+    nf4+lean        the 4-bit base with no engine copies (generation multiplies by the 4-bit layers): what a
+                    model whose float copy the machine cannot hold runs (a 7B shape, docs/scaling.md)
+    nf4+lean+micro2 the same with micro-batches of 2 rows and the allocator setting
 
 Per contender: peak RSS (the child's maximum resident set size, GNU time's `%M`), the seconds of each training step (`step_time_s` of
 metrics.jsonl: the first step is a warm-up, the median of the others counts; with `--steps 1` the one
 step) and, to show the settings change no numbers beyond float rounding, the first step's loss, KL and
 entropy. The configuration is issue 42's GRPO step: `--task chat_sum`, 8 prompts × 8 samples, up to
-64 new tokens, 2 minibatches of 32, no evaluation.
+64 new tokens, 2 minibatches of 32, no evaluation; `--algo` another algorithm's preset on the same rows
+(`--set` changes them, e.g. 8 rows × 32 tokens: `--set rollout.num_generations=1 --set
+rollout.max_new_tokens=32 --set update.minibatch_size=8`).
 
     python bench/memory_settings.py --model qwen2.5-coder-0.5b-instruct --steps 2 --reps 1 \\
         --out bench/results/memory-settings-qwen0.5b.json
@@ -50,21 +55,23 @@ CONTENDERS: dict[str, tuple[list[str], dict[str, str]]] = {
     "nf4": (["model.quantize=nf4"], {}),
     "nf4+micro8": (["model.quantize=nf4", "update.micro_batch_size=8"], MALLOC),
     "nf4+ckpt": (["model.quantize=nf4", "update.activation_checkpointing=true"], MALLOC),
+    "nf4+lean": (["model.quantize=nf4", *NO_COPIES], {}),
+    "nf4+lean+micro2": (["model.quantize=nf4", "update.micro_batch_size=2", *NO_COPIES], MALLOC),
 }
-BASE = ["--task", "chat_sum", "--algo", "grpo", "--seed", "0", "--set", "rollout.prompts_per_step=8",
+BASE = ["--task", "chat_sum", "--seed", "0", "--set", "rollout.prompts_per_step=8",
         "--set", "rollout.num_generations=8", "--set", "rollout.max_new_tokens=64",
         "--set", "update.minibatch_size=32", "--set", "eval.size=0", "--set", "checkpoint.every=0"]
 SAME = ("policy_loss", "kl", "entropy", "reward_mean", "tokens")
 
 
-def run(model: str, name: str, steps: int, threads: int, extra: list[str]) -> dict:
+def run(model: str, name: str, steps: int, threads: int, extra: list[str], algo: str = "grpo") -> dict:
     """One `llmrl train` command of `name`'s settings in a child process: its peak RSS, step times and
     first-step metrics."""
     sets, env = CONTENDERS[name]
     work = tempfile.mkdtemp(prefix=f"bench-mem-{name}-")
     out, rss_file = str(Path(work, "run")), Path(work, "peak-rss-kib")
     cmd = ["/usr/bin/time", "-f", "%M", "-o", str(rss_file), sys.executable, "-m", "llmrl", "train", "--model", model, "--steps", str(steps), "--out", out,
-           *BASE, "--set", f"threads={threads}"]
+           "--algo", algo, *BASE, "--set", f"threads={threads}"]
     for s in [*sets, *extra]:
         cmd += ["--set", s]
     t0 = time.perf_counter()
@@ -87,6 +94,7 @@ def main() -> None:
     ap.add_argument("--only", default="defaults,micro8,micro8+malloc,ckpt,ckpt+malloc",
                     help=f"comma-separated contenders, in this order, of {', '.join(CONTENDERS)}")
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--algo", default="grpo", help="the algorithm preset of every command (grpo: issue 42's step)")
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None)
@@ -100,7 +108,7 @@ def main() -> None:
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for rep in range(args.reps):
         for name in names if rep % 2 == 0 else names[::-1]:  # alternated, the order reversed each repetition
-            runs[name].append(run(args.model, name, args.steps, args.threads, args.set))
+            runs[name].append(run(args.model, name, args.steps, args.threads, args.set, args.algo))
             r = runs[name][-1]
             print(f"{name:14s} rep {rep}: peak {r['peak_rss_mib']} MiB, steps {[round(t, 2) for t in r['step_s']]} s",
                   flush=True)

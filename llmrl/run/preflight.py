@@ -63,11 +63,13 @@ def check_memory(config: Config, costs: Sequence[Any], model_config: Any, device
     share = processes if device.type == "cpu" else 1
     have = device_memory(device) // share
     rows, floor = decode_floor(config, model_config)
+    if any("KV cache" in c.role for c in costs):  # the engine holds its own (vLLM's, already allocated): not twice
+        floor = 0
     need = sum(c.bytes for c in costs) + floor
     if need <= have:
         return
-    parts = sorted([(c.bytes, c.role) for c in costs if c.bytes] + [(floor, f"the KV cache and logits of {rows:,} rows")],
-                   reverse=True)
+    parts = sorted([(c.bytes, c.role) for c in costs if c.bytes]
+                   + ([(floor, f"the KV cache and logits of {rows:,} rows")] if floor else []), reverse=True)
     named = ", ".join(f"{what} {_gib(b)}" for b, what in parts[:4])
     copies = sum(c.bytes for c in costs if c.role.startswith("hf engine"))
     fixes = []
