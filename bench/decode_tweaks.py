@@ -1,16 +1,19 @@
-"""The `hf` engine's two decode-time savings (llmrl/models/decoding.py) at today's defaults, each against
-the plain path it replaces, in whole `engine.generate` calls alternated in one process (issue 59, item 9).
+"""The `hf` engine's decode-time saving (llmrl/models/decoding.py: the skinny LM head) at today's defaults,
+against the plain path it replaces, in whole `engine.generate` calls alternated in one process (issue 59,
+item 9).
 
     python bench/decode_tweaks.py --model qwen2.5-coder-0.5b-instruct --reps 3 \\
         --out bench/results/decode-tweaks-qwen0.5b.json
 
 Contenders (module attributes of llmrl.engines.hf and hf_turns swapped for the call):
 
-    today         ReservedCache (each layer's keys and values written into a buffer with room for every new
-                  token) and skinny_head (a float32 LM head of ≤ 256 rows as W · xᵀ)
-    dynamic       transformers' DynamicCache (torch.cat of the past at every token; `reorder_cache` its own
-                  index_select) in place of ReservedCache
+    today         skinny_head (a float32 LM head of ≤ 256 rows as W · xᵀ)
     plain-head    the LM head as the model runs it (x · Wᵀ) in place of skinny_head
+
+The checked-in result (bench/results/decode-tweaks-qwen0.5b.json) was written at commit 6157177, when this
+script had a third contender, `dynamic`: transformers' DynamicCache in place of llmrl's ReservedCache (a
+KV cache with room reserved for every new token). ReservedCache paid under 5 % everywhere and was
+deleted (docs/history.md); `today` is on DynamicCache since.
 
 Workloads, each a request a run makes with the engine at its defaults (`hf_engine(config=...)`):
 
@@ -42,8 +45,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import Cache, DynamicLayer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -65,20 +66,6 @@ LONG_CONTEXT = " ".join(["You can call the calculator tool with a JSON object ho
                          "alone. Earlier turns of this conversation are kept above."] * 16)  # ≈ 700 tokens
 
 
-class PlainLayer(DynamicLayer):
-    """transformers' DynamicLayer, plus the `adopt` an episode batch's set-aside rows need (hf_decode.SetAside)."""
-
-    def adopt(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        self.keys, self.values = keys, values
-
-
-class PlainCache(DynamicCache):
-    """A DynamicCache of `PlainLayer`s; `reserve` is ignored (it grows by torch.cat)."""
-
-    def __init__(self, reserve: int = 0) -> None:
-        Cache.__init__(self, layer_class_to_replicate=PlainLayer)
-
-
 @contextlib.contextmanager
 def _plain_head(model: Any) -> Iterator[None]:
     yield
@@ -87,17 +74,15 @@ def _plain_head(model: Any) -> Iterator[None]:
 @contextlib.contextmanager
 def contender(name: str) -> Iterator[None]:
     """Within the block, the engine decodes as `name` says (the module docstring)."""
-    saved = {m: (m.ReservedCache, m.skinny_head) for m in (hf, hf_turns)}
+    saved = {m: m.skinny_head for m in (hf, hf_turns)}
     for m in (hf, hf_turns):
-        if name == "dynamic":
-            m.ReservedCache = PlainCache
         if name == "plain-head":
             m.skinny_head = _plain_head
     try:
         yield
     finally:
-        for m, (cache, head) in saved.items():
-            m.ReservedCache, m.skinny_head = cache, head
+        for m, head in saved.items():
+            m.skinny_head = head
 
 
 def workload(config: Any, tokenizer: Any, n_prompts: int, g: int, tokens: int, greedy: bool) -> GenerationRequest:
@@ -159,7 +144,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    names = ["today", "dynamic", "plain-head"]
+    names = ["today", "plain-head"]
     wanted = a.workloads.split(",")
     table: dict[str, dict] = {}
     started = time.perf_counter()

@@ -1,12 +1,13 @@
-"""The `hf` engine's two decode-time savings (llmrl/models/decoding.py), side by side with the plain path.
+"""The `hf` engine's skinny LM head (llmrl/models/decoding.py), side by side with the plain path.
 
     python bench/probes/decode_kernels.py --model ~/.cache/llmrl/gguf/SmolLM2-135M-Instruct.Q4_1-<hash> \
         [--rows 32,100] [--reps 4] [--threads 2] [--out bench/results/decode-kernels.json]
 
 The model with LoRA r=16 on q,k,v,o as in bench/probes/decode_width.py, a 50-token prompt per row,
 prefilled, then `--tokens` greedy (rows, 1) decoding forwards. Two contenders, alternated inside
-every repetition (a slow patch of a shared CPU hits both): `plain` (transformers' DynamicCache and
-the LM head as x · Wᵀ) and `llmrl` (ReservedCache and `skinny_head`). Reported per width: the
+every repetition (a slow patch of a shared CPU hits both): `plain` (the LM head as x · Wᵀ) and
+`llmrl` (`skinny_head`), both on transformers' DynamicCache (until 2026-12-06 `llmrl` also had a KV
+cache with reserved room, deleted after bench/decode_tweaks.py: docs/history.md). Reported per width: the
 median ms per decoding step of each, their ratio, and whether the two produced bit-identical
 logits at every step.
 """
@@ -22,14 +23,14 @@ import torch
 from decode_width import decode_bench_args, lora_model  # bench/ is on sys.path when run as a script
 from transformers import DynamicCache
 
-from llmrl.models.decoding import ReservedCache, skinny_head
+from llmrl.models.decoding import skinny_head
 
 
 def decode(model: torch.nn.Module, rows: int, tokens: int, fast: bool, seed: int) -> tuple[float, torch.Tensor]:
     """Median ms of one (rows, 1) decoding forward, and the (tokens, rows, V) logits."""
     ids = torch.randint(0, 40000, (rows, 50), generator=torch.Generator().manual_seed(seed))
     attention = torch.ones(rows, 50, dtype=torch.long)
-    cache = ReservedCache(tokens) if fast else DynamicCache()
+    cache = DynamicCache()
     times, seen = [], []
     with torch.no_grad(), (skinny_head(model) if fast else contextlib.nullcontext()):
         logits = model(input_ids=ids, attention_mask=attention, past_key_values=cache, use_cache=True).logits

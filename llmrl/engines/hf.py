@@ -14,8 +14,9 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
+from transformers import DynamicCache
 
-from ..models.decoding import ReservedCache, skinny_head
+from ..models.decoding import skinny_head
 from ..models.merged import mergeable, merged_actor, merged_size
 from ..models.packed import packable, packed_linears, packed_size
 from ..models.quantized import four_bit_layers
@@ -61,7 +62,7 @@ def generate(
     uniforms: Tensor | None = None,
     logprobs: bool = False,
     all_done: Callable[[bool], bool] | None = None,
-    cache: ReservedCache | None = None,
+    cache: DynamicCache | None = None,
     pack: bool = False,
     drop_finished: bool = True,
 ) -> Generation:
@@ -86,7 +87,7 @@ def generate(
     groups, opening = prefill_plan(stack, prompt_ids, prompt_mask)
     drawing = Drawing(max_new_tokens, eos_id, pad_id, temperature, top_p, uniforms, logprobs, all_done,
                       drop_finished=drop_finished, keep_cache=cache is not None)
-    cache = ReservedCache(max_new_tokens) if cache is None else cache  # room for every new token: no torch.cat per token
+    cache = DynamicCache() if cache is None else cache
     with decoding_kernels(model, prompt_ids.shape[0], pack):
         logits, attention = shared_prefill(model, prompt_ids, attention, positions, cache, groups, opening)
         return decode(model, logits, cache, attention, positions[:, -1:], drawing)

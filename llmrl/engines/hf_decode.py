@@ -3,8 +3,8 @@ only the rows still running.
 
 A row that draws a stop token is done: its later outputs are pads with mask 0 and log μ 0. With
 `Drawing.drop_finished` (the default) it also leaves the batch before the next forward: its rows of
-the KV cache, the attention mask and the position ids are dropped (`ReservedCache.reorder_cache`
-gathers the rows left, keeping the buffers' room), so a batch whose answers mostly stop early no
+the KV cache, the attention mask and the position ids are dropped (the cache's `reorder_cache`
+gathers the rows left), so a batch whose answers mostly stop early no
 longer pays for its longest one on every row. Each row draws from its own uniforms (`uniforms[row,
 t]`, keyed per row), so the tokens a row draws do not depend on which rows still run beside it; the
 logits do only through float rounding, where a matrix product's kernel depends on the number of rows
@@ -25,8 +25,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
+from transformers import DynamicCache
 
-from ..models.decoding import ReservedCache
 from ..models.prefix import with_cache
 from ..models.stack import tempered, token_logprobs
 from .base import Generation
@@ -108,11 +108,11 @@ class SetAside:
     def __init__(self) -> None:
         self.parts: list[tuple[Tensor, list[tuple[Tensor, Tensor]]]] = []  # (batch rows, per layer (keys, values))
 
-    def take(self, cache: ReservedCache, leaving: Tensor, rows: Tensor) -> None:
+    def take(self, cache: DynamicCache, leaving: Tensor, rows: Tensor) -> None:
         """Copy the filled positions of cache rows `leaving` (whole-batch rows `rows[leaving]`)."""
         self.parts.append((rows[leaving], [(layer.keys[leaving], layer.values[leaving]) for layer in cache.layers]))
 
-    def put_back(self, cache: ReservedCache, rows: Tensor, n: int) -> None:
+    def put_back(self, cache: DynamicCache, rows: Tensor, n: int) -> None:
         """Make `cache` hold all n rows again: the rows still in it at `rows`, each set-aside row at its
         own index, its positions after it left zeros (holes: the caller's attention masks them)."""
         if not self.parts:
@@ -124,10 +124,10 @@ class SetAside:
             for left, per_layer in self.parts:
                 k, v = per_layer[i]
                 keys[left, :, : k.shape[-2]], values[left, :, : v.shape[-2]] = k, v
-            layer.adopt(keys, values)
+            layer.keys, layer.values = keys, values
 
 
-def decode(model: Any, logits: Tensor, cache: ReservedCache, attention: Tensor, position: Tensor,
+def decode(model: Any, logits: Tensor, cache: DynamicCache, attention: Tensor, position: Tensor,
            drawing: Drawing) -> Generation:
     """The decoding loop of `hf.generate` after its prefill: `logits` (N, 1, V) of each row's last fed
     position, `cache` holding every fed position, `attention` (N, L) long over them, `position`

@@ -31,8 +31,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
+from transformers import DynamicCache
 
-from ..models.decoding import ReservedCache, skinny_head
+from ..models.decoding import skinny_head
 from ..models.prefix import opened, with_cache
 from .base import Generation, SamplingSettings
 from .hf_decode import Drawing, decode
@@ -80,7 +81,7 @@ class CachedTurns:
 
     def __init__(self, engine: Any, role: str, loop: DecodingLoop) -> None:
         self.engine, self.role, self.loop = engine, role, loop
-        self.cache: ReservedCache | None = None
+        self.cache: DynamicCache | None = None
         self.order: list[int] = []  # the episode of each cache row
         self.slots: list[Slots] = []  # per cache row: the token at each cache position, None for a hole
 
@@ -92,7 +93,7 @@ class CachedTurns:
         uniforms = None if keys is None else self.loop.key_uniforms(keys, settings.max_new_tokens).to(device)
         with engine.acting(self.role):
             if self.cache is None:
-                self.cache = ReservedCache(settings.max_new_tokens)
+                self.cache = DynamicCache()
                 ids, mask = left_pad(sequences, engine.pad_id)
                 gen = self.loop.generate(stack, ids.to(device), mask.to(device), max_new_tokens=settings.max_new_tokens,
                                eos_id=engine.stop_ids, pad_id=engine.pad_id, temperature=settings.temperature,
