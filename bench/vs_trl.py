@@ -69,7 +69,7 @@ __all__ = ["LABELS", "LLMRL", "machine", "run_child", "run_config"]  # what rewa
 
 CONTENDERS = ["llmrl-grpo-defaults", "llmrl-grpo", "llmrl-grpo-fast", "trl-grpo", "llmrl-rloo-fast", "trl-rloo",
               "llmrl-ppo", "trl-ppo", "bound"]
-OPTIONAL = ["llmrl-ppo-top4", "llmrl-grpo-fast-adapters", "llmrl-vllm", "llmrl-vllm-adapter", "llmrl-vllm-bf16", "trl-grpo-vllm", "vllm-generate"]  # only when named in --only
+OPTIONAL = ["llmrl-ppo-top4", "llmrl-grpo-fast-adapters", "llmrl-grpo-nf4", "llmrl-ppo-nf4", "llmrl-vllm", "llmrl-vllm-adapter", "llmrl-vllm-bf16", "trl-grpo-vllm", "vllm-generate"]  # only when named in --only
 VLLM = ["llmrl-vllm", "llmrl-vllm-adapter", "llmrl-vllm-bf16", "trl-grpo-vllm", "vllm-generate"]  # need vLLM (the .venv-vllm interpreter)
 
 
@@ -108,6 +108,9 @@ def child(name: str, model: str, steps: int, dtype: str = "float32", seed: int =
 
 
 # ---- parent: alternate the contenders, then summarise ----------------------------------------------
+FAILURES: list[dict[str, Any]] = []  # contender runs that failed or timed out: written into the result too
+
+
 def run_child(name: str, model: str, steps: int, timeout: float, *, dtype: str = "float32", seed: int = SEED,
               lr: float = LR, trl_gc: bool = False) -> dict[str, Any] | None:
     """Run one contender in a fresh process of this script; its result dict, or None if it failed."""
@@ -124,11 +127,14 @@ def run_child(name: str, model: str, steps: int, timeout: float, *, dtype: str =
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
         print(f"  {name} (seed {seed}): killed after {timeout:.0f} s", file=sys.stderr)
+        FAILURES.append({"contender": name, "seed": seed, "timeout_s": timeout})
         return None
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         print(f"  {name} (seed {seed}): failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-3:]}",
               file=sys.stderr)
+        FAILURES.append({"contender": name, "seed": seed, "exit": proc.returncode, "wall_s": wall,
+                         "stderr_tail": proc.stderr.strip().splitlines()[-3:]})  # exit -9: the kernel's OOM killer
         return None
     result = json.loads(path.read_text())
     path.unlink()
@@ -194,7 +200,8 @@ def main() -> None:
     result = {"config": {**run_config(model, a.dtype, a.seed, a.lr, a.trl_gradient_checkpointing),
                          "steps": a.steps, "reps": a.reps, "device": a.device},
               "command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": machine(),
-              "total_wall_s": time.perf_counter() - t0, "table": table, "ratios": rat, "runs": runs}
+              "total_wall_s": time.perf_counter() - t0, "table": table, "ratios": rat, "runs": runs,
+              "failures": FAILURES}
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=1))
         print(f"\nwrote {a.out}")

@@ -5,7 +5,8 @@ update.on_policy_logprobs=auto → on), llmrl-grpo (update.on_policy_logprobs=of
 comes from the decoding logits, rollout.generation_logprobs), llmrl-grpo-fast (=on), llmrl-rloo-fast,
 llmrl-ppo (actor + critic + reference on one base), llmrl-ppo-top4 (lora.critic_layers=4),
 llmrl-grpo-fast-adapters (engine.merge_lora=false), llmrl-vllm (--engine vllm, merged-weight sync),
-llmrl-vllm-adapter (engine.sync=adapter), llmrl-vllm-bf16 (engine.dtype=bfloat16 under a --dtype trainer).
+llmrl-vllm-adapter (engine.sync=adapter), llmrl-vllm-bf16 (engine.dtype=bfloat16 under a --dtype trainer),
+llmrl-grpo-nf4 and llmrl-ppo-nf4 (model.quantize=nf4: the base in 4 bits, bitsandbytes).
 """
 
 from __future__ import annotations
@@ -18,13 +19,16 @@ from .shared import LR, SEED, dtypes_of, llmrl_overrides, probe_autocast, questi
 # llmrl contender → (algorithm, update.on_policy_logprobs); None leaves the key at the engine's default
 LLMRL = {"llmrl-grpo-defaults": ("grpo", None), "llmrl-grpo": ("grpo", False), "llmrl-grpo-fast": ("grpo", True),
          "llmrl-rloo-fast": ("rloo", True), "llmrl-grpo-fast-adapters": ("grpo", True), "llmrl-ppo": ("ppo", False), "llmrl-ppo-top4": ("ppo", False),
-         "llmrl-vllm": ("grpo", True), "llmrl-vllm-adapter": ("grpo", True), "llmrl-vllm-bf16": ("grpo", True)}
+         "llmrl-vllm": ("grpo", True), "llmrl-vllm-adapter": ("grpo", True), "llmrl-vllm-bf16": ("grpo", True),
+         "llmrl-grpo-nf4": ("grpo", None), "llmrl-ppo-nf4": ("ppo", False)}
 # llmrl contender → config keys it sets on top of the issue-8 configuration
 EXTRA = {"llmrl-ppo-top4": {"lora.critic_layers": 4},  # the opt-in critic on the top 4 layers
          "llmrl-grpo-fast-adapters": {"engine.merge_lora": False},  # decoding through the adapters (before 2026-12-04)
          "llmrl-vllm": {"rollout.engine": "vllm"},  # the engine in the model's dtype, merged-weight sync
          "llmrl-vllm-adapter": {"rollout.engine": "vllm", "engine.sync": "adapter"},  # one base: the adapter served
-         "llmrl-vllm-bf16": {"rollout.engine": "vllm", "engine.dtype": "bfloat16"}}  # bf16 sampler, --dtype trainer
+         "llmrl-vllm-bf16": {"rollout.engine": "vllm", "engine.dtype": "bfloat16"},  # bf16 sampler, --dtype trainer
+         "llmrl-grpo-nf4": {"model.quantize": "nf4"},  # the frozen base's linear layers in 4 bits (issue 56)
+         "llmrl-ppo-nf4": {"model.quantize": "nf4"}}  # actor, critic and reference on one 4-bit base
 
 
 def llmrl_run(model: str, name: str, steps: int, dtype: str = "float32", seed: int = SEED,
