@@ -61,3 +61,31 @@ def test_a_run_whose_engine_copies_do_not_fit_is_refused_and_fits_without_them(
                               "--set", "engine.merge_lora=false"])
     assert code == 0, err[-2000:]
     assert (tmp_path / "b" / "metrics.jsonl").read_text().count("\n") == 1
+
+
+def _tree(tmp_path: Path, cgroup: str, files: dict[str, str]) -> tuple[str, str]:
+    """A /proc/self/cgroup and a /sys/fs/cgroup tree of real files under tmp_path."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "cgroup").write_text(cgroup)
+    for rel, text in files.items():
+        (tmp_path / "sys" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "sys" / rel).write_text(text)
+    return str(tmp_path / "cgroup"), str(tmp_path / "sys")
+
+
+def test_the_memory_cgroups_limit_is_the_machines_memory(tmp_path: Path) -> None:
+    """A container's limit bounds what llmrl counts as the CPU's memory: cgroup v2's memory.max, v1's
+    memory.limit_in_bytes, the smallest of the cgroup and its ancestors; 'max' and v1's near-2^63
+    'unlimited' are no limit."""
+    from llmrl.models.load import cgroup_memory_limit
+
+    v2 = _tree(tmp_path / "a", "0::/user/job\n", {"user/job/memory.max": "max\n", "user/memory.max": "8589934592\n",
+                                                 "memory.max": "max\n"})
+    assert cgroup_memory_limit(*v2) == 8 * 2**30  # the parent's 8 GiB
+    v1 = _tree(tmp_path / "b", "9:name=systemd:/\n4:memory:/process_api/x\n0::/\n",
+               {"memory/process_api/x/memory.limit_in_bytes": "12884901888\n",
+                "memory/memory.limit_in_bytes": "9223372036854771712\n"})
+    assert cgroup_memory_limit(*v1) == 12 * 2**30
+    none = _tree(tmp_path / "c", "4:memory:/\n", {"memory/memory.limit_in_bytes": "9223372036854771712\n"})
+    assert cgroup_memory_limit(*none) is None
+    assert cgroup_memory_limit(str(tmp_path / "missing"), str(tmp_path)) is None

@@ -66,13 +66,44 @@ def model_source(cfg: ModelConfig, show_progress: bool = True) -> tuple[str, str
 
 
 def device_memory(device: torch.device) -> int:
-    """Bytes of memory of `device`: the GPU's total, or the machine's physical memory."""
+    """Bytes of memory of `device`: the GPU's total, or the machine's physical memory, or less where this
+    process's memory cgroup allows less (a container's limit: `cgroup_memory_limit`)."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # not a POSIX system: no bound
         return 2**62
+    limit = cgroup_memory_limit()
+    return physical if limit is None else min(physical, limit)
+
+
+def cgroup_memory_limit(proc: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
+    """The smallest memory limit of this process's memory cgroup and its ancestors, in bytes; None where
+    there is none (or no cgroups). cgroup v2: `memory.max` under the unified path (`0::/path`); v1: the
+    memory controller's `memory.limit_in_bytes` ("unlimited" there is a number near 2^63)."""
+    try:
+        lines = Path(proc).read_text().splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:
+        number, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if number == "0" and controllers == "":
+            base, name = Path(root), "memory.max"
+        elif "memory" in controllers.split(","):
+            base, name = Path(root) / "memory", "memory.limit_in_bytes"
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        for depth in range(len(parts), -1, -1):  # the cgroup, then each ancestor up to the root
+            try:
+                text = (base.joinpath(*parts[:depth]) / name).read_text().strip()
+            except OSError:
+                continue
+            if text.isdigit() and int(text) < 2**60:
+                limits.append(int(text))
+    return min(limits) if limits else None
 
 
 def stored_numbers(folder: Path) -> int | None:
