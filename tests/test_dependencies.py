@@ -63,3 +63,17 @@ def test_the_bench_extra_pins_the_trl_its_figures_ran() -> None:
     trl = _requirements(PROJECT["optional-dependencies"]["bench"])["trl"]
     (spec,) = trl.specifier
     assert spec.operator == "==" and f"TRL {spec.version} (GRPO, RLOO)" in (ROOT / "docs" / "performance.md").read_text()
+
+
+# What .venv and .venv-vllm ran on 2026-12-06, when these floors were set: the same release of each in both
+CI_RAN = {"typer": "0.29", "rich": "15", "datasets": "5.2", "safetensors": "0.8", "tokenizers": "0.23",
+          "pyyaml": "6.0", "matplotlib": "3.11", "gguf": "0.19"}
+
+
+def test_every_other_core_floor_is_a_release_ci_ran() -> None:
+    """No floor below what CI has run: the rest of the core dependencies' floors are the releases of CI_RAN
+    (a floor of datasets>=3 while CI ran 5.2 promised two majors nothing tested)."""
+    others = {n: r for n, r in CORE.items() if n not in ("torch", "transformers", "peft")}
+    assert set(others) == set(CI_RAN), sorted(others)
+    for name, req in others.items():
+        assert _floor(req) == Version(CI_RAN[name]) <= Version(version(name)), (name, str(req), version(name))
