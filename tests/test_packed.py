@@ -217,17 +217,23 @@ def test_the_engine_lists_the_copies_and_the_switch_turns_packing_off() -> None:
     assert not off.pack and not any("prepacked" in row[0] for row in off.memory())
 
 
-def test_a_cpu_without_bfloat16_in_onednn_packs_no_bfloat16_weight(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where oneDNN has no bfloat16 (`_reorder_linear_weight` would raise), a bfloat16 model decodes plain."""
-    stack = _stack(torch.bfloat16)
-    plain = HFEngine(stack, TOK.eos_token_id, TOK.pad_token_id, pack=False).generate(_request())
-    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+def _decodes_plain(stack, plain) -> None:
+    """Nothing packs (no layer rerouted, no copy counted) and `pack=True` decodes exactly as `plain`, the
+    engine's `pack=False` generation: the plain path itself, the same bits."""
     assert not packable(stack.lm) and packed_size(stack.lm) == (0, 0)
     with torch.no_grad(), packed_linears(stack.lm, 8):
         assert not any("forward" in m.__dict__ for m in _linears(stack.lm, base=False))
     packed = HFEngine(stack, TOK.eos_token_id, TOK.pad_token_id, pack=True).generate(_request())
     assert torch.equal(packed.response_ids, plain.response_ids)  # the plain path itself: the same bits
     assert packed.logprobs is not None and plain.logprobs is not None and torch.equal(packed.logprobs, plain.logprobs)
+
+
+def test_a_cpu_without_bfloat16_in_onednn_packs_no_bfloat16_weight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where oneDNN has no bfloat16 (`_reorder_linear_weight` would raise), a bfloat16 model decodes plain."""
+    stack = _stack(torch.bfloat16)
+    plain = HFEngine(stack, TOK.eos_token_id, TOK.pad_token_id, pack=False).generate(_request())
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    _decodes_plain(stack, plain)
 
 
 @pytest.mark.parametrize("missing", ["_reorder_linear_weight", "_linear_pointwise", "_is_mkldnn_bf16_supported"])
@@ -240,12 +246,7 @@ def test_a_torch_without_the_private_ops_decodes_plain(missing: str, monkeypatch
     kept = {name: getattr(ops, name) for name in ("_reorder_linear_weight", "_linear_pointwise", "_is_mkldnn_bf16_supported")}
     del kept[missing]
     monkeypatch.setattr(torch.ops, "mkldnn", SimpleNamespace(**kept))  # getattr of `missing` raises AttributeError
-    assert not packable(stack.lm) and packed_size(stack.lm) == (0, 0)
-    with torch.no_grad(), packed_linears(stack.lm, 8):
-        assert not any("forward" in m.__dict__ for m in _linears(stack.lm, base=False))
-    packed = HFEngine(stack, TOK.eos_token_id, TOK.pad_token_id, pack=True).generate(_request())
-    assert torch.equal(packed.response_ids, plain.response_ids)  # the plain path itself: the same bits
-    assert packed.logprobs is not None and plain.logprobs is not None and torch.equal(packed.logprobs, plain.logprobs)
+    _decodes_plain(stack, plain)
 
 
 def test_the_merged_actor_is_packed_straight_without_a_merged_copy(monkeypatch: pytest.MonkeyPatch) -> None:
