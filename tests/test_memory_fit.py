@@ -89,3 +89,8 @@ def test_the_memory_cgroups_limit_is_the_machines_memory(tmp_path: Path) -> None
     none = _tree(tmp_path / "c", "4:memory:/\n", {"memory/memory.limit_in_bytes": "9223372036854771712\n"})
     assert cgroup_memory_limit(*none) is None
     assert cgroup_memory_limit(str(tmp_path / "missing"), str(tmp_path)) is None
+    bad = _tree(tmp_path / "d", "garbage\n::\n4:memory:/x\n", {"memory/x/memory.limit_in_bytes": "-5\n"})
+    assert cgroup_memory_limit(*bad) is None  # a line of no cgroup, a limit that is no number: no limit, no error
+    (tmp_path / "d" / "sys" / "memory" / "x" / "memory.limit_in_bytes").write_bytes(b"\xff\xfe")
+    (tmp_path / "d" / "cgroup").write_bytes(b"\xff\x00\n4:memory:/x\n")
+    assert cgroup_memory_limit(*bad) is None  # bytes that are no text

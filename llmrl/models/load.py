@@ -83,7 +83,7 @@ def cgroup_memory_limit(proc: str = "/proc/self/cgroup", root: str = "/sys/fs/cg
     there is none (or no cgroups). cgroup v2: `memory.max` under the unified path (`0::/path`); v1: the
     memory controller's `memory.limit_in_bytes` ("unlimited" there is a number near 2^63)."""
     try:
-        lines = Path(proc).read_text().splitlines()
+        lines = Path(proc).read_text(errors="replace").splitlines()
     except OSError:
         return None
     limits = []
@@ -98,7 +98,7 @@ def cgroup_memory_limit(proc: str = "/proc/self/cgroup", root: str = "/sys/fs/cg
         parts = [p for p in path.split("/") if p]
         for depth in range(len(parts), -1, -1):  # the cgroup, then each ancestor up to the root
             try:
-                text = (base.joinpath(*parts[:depth]) / name).read_text().strip()
+                text = (base.joinpath(*parts[:depth]) / name).read_text(errors="replace").strip()
             except OSError:
                 continue
             if text.isdigit() and int(text) < 2**60:
