@@ -14,7 +14,7 @@ from ..config import precision
 from ..config.model_defaults import device_kind
 from ..config.schema import ModelConfig
 from ..errors import ConfigError
-from . import obtain, quantized
+from . import obtain, quantized, quantized_cache
 from .attention import set_attention
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -174,12 +174,15 @@ def load_base(cfg: ModelConfig, show_progress: bool = True) -> tuple[PreTrainedM
     check_fits(cfg.name, source, dtype, device, four_bit)
     kwargs = {"trust_remote_code": cfg.trust_remote_code, **({"gguf_file": gguf} if gguf else {})}
     weights: dict = {}
+    dtype_name, copy = str(dtype).removeprefix("torch."), None
     if four_bit:  # loaded straight into 4-bit layers on its device (transformers' bitsandbytes path)
-        weights = {"quantization_config": quantized.quantization_config(cfg.quantize, dtype),
-                   "device_map": {"": device.index or 0} if device.type == "cuda" else {"": "cpu"}}
+        quantized.bitsandbytes()  # the package's install command in one sentence where it is missing
+        copy = quantized_cache.cached(source, cfg.quantize, dtype_name)  # quantised by an earlier run
+        weights = {"device_map": {"": device.index or 0} if device.type == "cuda" else {"": "cpu"},
+                   **({} if copy else {"quantization_config": quantized.quantization_config(cfg.quantize, dtype)})}
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs, **weights)
+        model = AutoModelForCausalLM.from_pretrained(str(copy or source), dtype=dtype, **kwargs, **weights)
     except Exception as exc:  # transformers, tokenizers and safetensors raise many kinds for a broken file
         raise ConfigError(f"Cannot load model '{cfg.name}' as a causal LM: {load_failure(exc, source)}") from None
     check_causal(cfg.name, model)
@@ -188,6 +191,9 @@ def load_base(cfg: ModelConfig, show_progress: bool = True) -> tuple[PreTrainedM
         tokenizer.pad_token = tokenizer.eos_token
     if four_bit:
         quantized.prepare(cfg.name, model, cfg.quantize)  # placed by device_map: a 4-bit model refuses .to()
+        if copy is None:  # later runs load this copy, not the float checkpoint (models/quantized_cache.py)
+            quantized_cache.store(model, source, cfg.quantize, dtype_name)
+        quantized.release_checkpoint(model)  # no view of a memory-mapped file is left: the mapping closes
     else:
         model.to(device)
     model.eval()

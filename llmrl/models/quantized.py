@@ -97,6 +97,33 @@ def prepare(name: str, model: nn.Module, kind: str) -> None:
         layer.support_avx512bf16_for_cpu = False
 
 
+@torch.no_grad()
+def release_checkpoint(model: nn.Module) -> int:
+    """Copy every parameter and buffer of a 4-bit base on the CPU (the 4-bit codes with their quantization
+    state, the embedding, the LM head, norms, biases) into memory of the process's own, so that nothing
+    views the memory-mapped checkpoint any more and the mapping closes. transformers reads a safetensors checkpoint through one mmap and
+    keeps the tensors it did not convert as views of it, so without this the mapping stays open for the
+    whole run, and with it the page cache of every float weight read while quantising: 5.9 GB of the
+    float32 Qwen2.5-Coder-1.5B's 7.1 GB file, counted in a memory cgroup's usage and in the RSS, for
+    1.8 GB of tensors still used. Copies tensor by tensor, each `Parameter` object once (tied weights stay tied); returns the
+    bytes copied."""
+    copied, seen = 0, set()
+    for module in model.modules():
+        for slots in (module._parameters, module._buffers):
+            for t in slots.values():
+                if t is None or id(t) in seen or t.device.type != "cpu":
+                    continue
+                seen.add(id(t))
+                t.data = t.data.clone()  # a 4-bit weight keeps its quant_state (an attribute of the Parameter)
+                copied += t.numel() * t.element_size()
+                state = getattr(t, "quant_state", None)
+                for holder in (state, getattr(state, "state2", None)):
+                    for attr in ("absmax", "code", "offset"):
+                        if isinstance(getattr(holder, attr, None), Tensor):
+                            setattr(holder, attr, getattr(holder, attr).clone())
+    return copied
+
+
 def is_quantized(p: Tensor) -> bool:
     """Whether `p` is a bitsandbytes 4-bit weight (its data: packed uint8 codes, two numbers a byte)."""
     return getattr(p, "quant_state", None) is not None

@@ -184,7 +184,7 @@ def _warm_start(
 
 
 @contextmanager
-def _no_hf_progress_bars() -> Iterator[None]:
+def no_hf_progress_bars() -> Iterator[None]:
     """Silence transformers' own tqdm bars (e.g. "Writing model shards") inside the block."""
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
@@ -221,7 +221,7 @@ def build_tiny(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        with _no_hf_progress_bars():
+        with no_hf_progress_bars():
             model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         try:
