@@ -85,6 +85,14 @@ def test_parse_override_types() -> None:
     assert cfg.lora.target_modules == ["q_proj", "v_proj"] and cfg.update.clip_eps_high == 0.28
 
 
+def test_a_set_value_with_a_colon_is_text_and_a_flow_mapping_a_mapping() -> None:
+    text = "Think step by step: write out your reasoning first, then give the final answer."
+    assert parse_override(f"data.system_prompt={text}") == ("data.system_prompt", text)  # YAML alone: a mapping
+    assert load_config(sets=[f"data.system_prompt={text}"]).data.system_prompt == text
+    assert parse_override("a={b: 1}") == ("a", {"b": 1})
+    assert parse_override('a="x: y"') == ("a", "x: y")
+
+
 def test_recipes_in_repo_load() -> None:
     recipes = sorted(Path(__file__).parent.parent.joinpath("recipes").glob("*.yaml"))
     assert recipes, "recipes/ must ship at least one recipe"

@@ -165,13 +165,17 @@ def check_bounds(key: str, value: Any, meta: Mapping[str, Any]) -> None:
 
 
 def parse_override(item: str) -> tuple[str, Any]:
-    """'update.lr_actor=1e-3' → ('update.lr_actor', 0.001); the value is parsed as YAML."""
+    """'update.lr_actor=1e-3' → ('update.lr_actor', 0.001); the value is parsed as YAML, except that text
+    YAML would read as a one-line block mapping ('Think step by step: then answer.' → {'Think step by
+    step': 'then answer.'}) stays the text: a mapping on the command line is written '{a: b}'."""
     if "=" not in item:
         raise ConfigError(f"--set expects key=value, got '{item}'.")
     key, raw = item.split("=", 1)
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError:
+        value = raw
+    if isinstance(value, dict) and not raw.lstrip().startswith("{"):
         value = raw
     if isinstance(value, str) and _looks_numeric(value):
         value = float(value)  # YAML 1.1 reads '1e-3' as a string
