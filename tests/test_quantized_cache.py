@@ -54,7 +54,9 @@ def _tensors(model: torch.nn.Module) -> list[torch.Tensor]:
     return out
 
 
-def test_the_first_load_writes_the_4_bit_copy_and_the_second_reads_it_with_identical_logits(qwen_dir: Path) -> None:
+def test_the_first_load_writes_the_4_bit_copy_and_the_second_reads_it_with_identical_logits(
+        qwen_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMRL_CACHE_DIR", str(tmp_path / "cache"))  # a cache of this test's own: nothing else in it
     folder = cache_dir(str(qwen_dir), "nf4", "float32")
     assert folder is not None and not folder.exists()
     first, _ = load_base(_nf4(qwen_dir), show_progress=False)

@@ -21,6 +21,7 @@ folder) is not cached: transformers keeps its own copy of the float files.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -60,14 +61,17 @@ def store(model: PreTrainedModel, source: str, kind: str, dtype: str) -> Path | 
         out.parent.mkdir(parents=True, exist_ok=True)
         with no_hf_progress_bars():
             model.save_pretrained(tmp, safe_serialization=True)
-        (tmp / COMPLETE).write_text(f'{{"source": "{Path(source).resolve()}", "quantize": "{kind}", "dtype": "{dtype}"}}\n')
+        (tmp / COMPLETE).write_text(json.dumps({"source": str(Path(source).resolve()), "quantize": kind,
+                                                 "dtype": dtype}) + "\n")
         try:
             os.rename(tmp, out)
         except OSError:  # another run finished the same copy first: keep theirs
             if not (out / COMPLETE).is_file():
                 raise
-    except OSError as exc:
-        print(f"llmrl: the {kind} copy of '{source}' could not be cached in {out.parent} ({exc.strerror or exc}); "
+    except Exception as exc:  # a best-effort copy: a disk, a permission or a serialisation failure never stops the run
+        text = str(exc).strip()
+        reason = getattr(exc, "strerror", None) or (text.splitlines()[0][:200] if text else type(exc).__name__)
+        print(f"llmrl: the {kind} copy of '{source}' could not be cached in {out.parent} ({reason}); "
               "the next run quantises the float checkpoint again.", file=sys.stderr)
         return None
     finally:
