@@ -103,3 +103,28 @@ def test_no_tensor_views_the_memory_mapped_checkpoint_after_loading(qwen_dir: Pa
     assert inside == []
     # the embedding and LM head (float, unquantized) are what transformers left as views before the copy
     assert model.get_input_embeddings().weight.dtype == torch.float32
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty config"])
+def test_a_damaged_copy_is_said_once_deleted_and_quantised_again(qwen_dir: Path, tmp_path: Path, damage: str,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("LLMRL_CACHE_DIR", str(tmp_path / "cache"))
+    first, _ = load_base(_nf4(qwen_dir), show_progress=False)
+    folder = cache_dir(str(qwen_dir), "nf4", "float32")
+    weights = folder / "model.safetensors"
+    if damage == "truncated":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif damage == "garbage":
+        weights.write_bytes(b"\x00not a safetensors file" * 100)
+    else:
+        (folder / "config.json").write_text("")
+    capsys.readouterr()
+    again, _ = load_base(_nf4(qwen_dir), show_progress=False)
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("llmrl:")]
+    assert len(err) == 1 and "cannot be read" in err[0] and "quantising the float checkpoint again" in err[0]
+    assert again.name_or_path == str(qwen_dir)  # quantised afresh from the float checkpoint
+    assert torch.equal(_logits(first), _logits(again))
+    assert (folder / COMPLETE).is_file()  # and written again, whole
+    third, _ = load_base(_nf4(qwen_dir), show_progress=False)
+    assert third.name_or_path == str(folder)

@@ -173,16 +173,20 @@ def load_base(cfg: ModelConfig, show_progress: bool = True) -> tuple[PreTrainedM
     dtype, four_bit = torch_dtype(cfg.dtype, cfg.device, cfg.name), cfg.quantize != quantized.NONE
     check_fits(cfg.name, source, dtype, device, four_bit)
     kwargs = {"trust_remote_code": cfg.trust_remote_code, **({"gguf_file": gguf} if gguf else {})}
-    weights: dict = {}
-    dtype_name, copy = str(dtype).removeprefix("torch."), None
+    placed: dict = {}
+    dtype_name, copy, model = str(dtype).removeprefix("torch."), None, None
     if four_bit:  # loaded straight into 4-bit layers on its device (transformers' bitsandbytes path)
         quantized.bitsandbytes()  # the package's install command in one sentence where it is missing
         copy = quantized_cache.cached(source, cfg.quantize, dtype_name)  # quantised by an earlier run
-        weights = {"device_map": {"": device.index or 0} if device.type == "cuda" else {"": "cpu"},
-                   **({} if copy else {"quantization_config": quantized.quantization_config(cfg.quantize, dtype)})}
+        placed = {"device_map": {"": device.index or 0} if device.type == "cuda" else {"": "cpu"}}
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(str(copy or source), dtype=dtype, **kwargs, **weights)
+        if copy is not None:  # None where the copy is unreadable (said in one line, deleted)
+            model = quantized_cache.load(copy, dtype=dtype, **kwargs, **placed)
+        if model is None:
+            copy = None
+            quantize = {"quantization_config": quantized.quantization_config(cfg.quantize, dtype)} if four_bit else {}
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs, **placed, **quantize)
     except Exception as exc:  # transformers, tokenizers and safetensors raise many kinds for a broken file
         raise ConfigError(f"Cannot load model '{cfg.name}' as a causal LM: {load_failure(exc, source)}") from None
     check_causal(cfg.name, model)

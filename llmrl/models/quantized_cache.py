@@ -15,7 +15,8 @@ codes, absmax scales and their nested state; the unquantized embedding, LM head 
 The copy holds the very codes and scales the first run computed, so a run on it computes what the
 first run computed (tests/test_quantized_cache.py: identical logits). The folder appears only
 through an atomic rename of a finished temporary folder; where it cannot be written (a full disk, a
-read-only cache) the run goes on from the model it quantised and says so once. A hub id (no local
+read-only cache) the run goes on from the model it quantised and says so once. A copy that
+cannot be read (truncated, damaged) is said in one line, deleted, and quantised again. A hub id (no local
 folder) is not cached: transformers keeps its own copy of the float files.
 """
 
@@ -28,7 +29,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from transformers import PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from ..config.cache import quantized_copy_dir
 from .tiny import no_hf_progress_bars
@@ -48,6 +49,20 @@ def cached(source: str, kind: str, dtype: str) -> Path | None:
     """The folder of a finished 4-bit copy of `source`, or None where there is none yet."""
     folder = cache_dir(source, kind, dtype)
     return folder if folder is not None and (folder / COMPLETE).is_file() else None
+
+
+def load(folder: Path, **kwargs) -> PreTrainedModel | None:
+    """The 4-bit model of the copy in `folder`, or None where it cannot be read (a truncated or damaged file):
+    then one line on stderr and the copy, which llmrl wrote, is deleted, so this run quantises afresh and
+    writes it again."""
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
+    except Exception as exc:  # safetensors and transformers raise many kinds for a damaged file
+        text = str(exc).strip()
+        print(f"llmrl: the cached 4-bit copy {folder} cannot be read ({text.splitlines()[0][:200] if text else type(exc).__name__}); "
+              "quantising the float checkpoint again.", file=sys.stderr)
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
 
 
 def store(model: PreTrainedModel, source: str, kind: str, dtype: str) -> Path | None:
