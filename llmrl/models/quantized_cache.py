@@ -29,6 +29,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from ..config.cache import quantized_copy_dir
@@ -57,6 +58,8 @@ def load(folder: Path, **kwargs) -> PreTrainedModel | None:
     writes it again."""
     try:
         return AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
+    except (MemoryError, torch.OutOfMemoryError):  # the copy is whole, the memory full: not the copy's fault
+        raise
     except Exception as exc:  # safetensors and transformers raise many kinds for a damaged file
         text = str(exc).strip()
         print(f"llmrl: the cached 4-bit copy {folder} cannot be read ({text.splitlines()[0][:200] if text else type(exc).__name__}); "
