@@ -168,7 +168,7 @@ class KLConfig:
 class UpdateConfig:
     epochs: int = opt(1, "passes over each rollout batch", min=1)
     minibatch_size: int = opt(256, "rows per optimizer step", min=1)
-    micro_batch_size: int | None = opt(None, "rows per forward/backward (gradient accumulation); default: minibatch", min=1)
+    micro_batch_size: int | None = opt(None, "rows per forward/backward (gradient accumulation); default: the minibatch, or the rows whose activations fit (run/update_fit.py)", min=1)
     activation_checkpointing: bool = opt(
         False, "keep only each decoder layer's input in the update's gradient forwards and recompute the layer in "
         "the backward: about one layer's activations instead of all of them, for one more forward per pass "

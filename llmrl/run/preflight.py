@@ -53,6 +53,11 @@ def decode_floor(config: Config, model_config: Any) -> tuple[int, int]:
     return rows, rows * (2 * layers * (1 + r.max_new_tokens) * kv_heads * head_dim * size + vocab * 4)
 
 
+def process_memory(device: torch.device, processes: int = 1) -> int:
+    """Bytes of `device` one process may hold: on the CPU the `processes` of one machine share it."""
+    return device_memory(device) // (processes if device.type == "cpu" else 1)
+
+
 def check_memory(config: Config, costs: Sequence[Any], model_config: Any, device: torch.device,
                  processes: int = 1) -> None:
     """Refuse a run whose parts held at once while it generates exceed the device's memory: `costs` the
@@ -61,7 +66,7 @@ def check_memory(config: Config, costs: Sequence[Any], model_config: Any, device
     machine share its memory. A lower bound (no activation, no allocator slack): a refused run could
     never have generated. The sentence names the parts and the settings that drop the largest."""
     share = processes if device.type == "cpu" else 1
-    have = device_memory(device) // share
+    have = process_memory(device, processes)
     rows, floor = decode_floor(config, model_config)
     if any("KV cache" in c.role for c in costs):  # the engine holds its own (vLLM's, already allocated): not twice
         floor = 0

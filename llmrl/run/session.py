@@ -38,7 +38,8 @@ from .data import PromptSampler
 from .evaluate import EvalResult, evaluate, evaluate_episodes, with_groups
 from .folder import ReaderFolder, RunFolder
 from .memory import engine_costs, role_costs
-from .preflight import check_memory, check_sizes
+from .preflight import check_memory, check_sizes, process_memory
+from .update_fit import fit_update, measure_fit
 from .reporting import Reporter
 
 
@@ -152,8 +153,13 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
     engine = build_engine(config.rollout.engine, stack=stack, tokenizer=tokenizer, config=config, dist=dist,
                           longest_prompt=longest,
                           response_tokens=None if env is None else episode_budget(config.rollout))
-    check_memory(config, role_costs(stack) + engine_costs(engine), base.config, base.device,
-                 int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # torchrun's processes on this machine
+    costs, processes = role_costs(stack) + engine_costs(engine), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    check_memory(config, costs, base.config, base.device, processes)  # torchrun's processes on this machine
+    if not config.dist.shard_base:  # a sharded base's forward gathers its layers: never one rank alone
+        budget = config.rollout.max_new_tokens if env is None else episode_budget(config.rollout)
+        fit = measure_fit(config, stack, costs, process_memory(base.device, processes), longest, budget,
+                          dist.world_size)
+        config = replace(config, update=fit_update(config.update, fit))
     session = Session(
         config, task, tokenizer, stack, engine, spec, plan_for(config, spec, stack, getattr(engine, "own_weights", False)), make_optimizers(stack, config.update),
         KLController(config.kl.beta, config.kl.adaptive, config.kl.target, config.kl.horizon),
