@@ -32,7 +32,7 @@ from ..errors import ConfigError
 from ..models.load import device_memory, torch_dtype
 
 
-def _gib(n: float) -> str:
+def size_text(n: float) -> str:
     """Bytes as GiB with one decimal, or MiB below 1 GiB."""
     return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
 
@@ -75,18 +75,18 @@ def check_memory(config: Config, costs: Sequence[Any], model_config: Any, device
         return
     parts = sorted([(c.bytes, c.role) for c in costs if c.bytes]
                    + ([(floor, f"the KV cache and logits of {rows:,} rows")] if floor else []), reverse=True)
-    named = ", ".join(f"{what} {_gib(b)}" for b, what in parts[:4])
+    named = ", ".join(f"{what} {size_text(b)}" for b, what in parts[:4])
     copies = sum(c.bytes for c in costs if c.role.startswith("hf engine"))
     fixes = []
     if copies:
-        fixes.append(f"engine.pack_weights=false and engine.merge_lora=false drop the engine's {_gib(copies)} of "
+        fixes.append(f"engine.pack_weights=false and engine.merge_lora=false drop the engine's {size_text(copies)} of "
                      "copies (slower decoding)")
     if config.model.quantize == "none":
         fixes.append("model.quantize=nf4 holds the base's linear layers in 4 bits (pip install -e '.[quant]')")
     fixes.append("fewer rows or new tokens shrink the KV cache" if floor * 4 > need else "a smaller model fits")
     where = f"{device.type} memory" + (f" per process ({processes} on this machine)" if share > 1 else "")
-    raise ConfigError(f"This run holds at least {_gib(need)} at once while it generates ({named}), more than the "
-                      f"{_gib(have)} of {where}: {'; '.join(fixes)}.")
+    raise ConfigError(f"This run holds at least {size_text(need)} at once while it generates ({named}), more than the "
+                      f"{size_text(have)} of {where}: {'; '.join(fixes)}.")
 
 
 def check_sizes(config: Config, model_config: Any, device: torch.device) -> None:
@@ -105,5 +105,5 @@ def check_sizes(config: Config, model_config: Any, device: torch.device) -> None
     have = device_memory(device)
     if need > have:
         raise ConfigError(f"One step decodes {rows:,} rows ((rollout.prompts_per_step + rollout.oversample) × "
-                          f"rollout.num_generations); their KV cache and logits alone need {_gib(need)}, more than "
-                          f"the {_gib(have)} of memory of {device.type}: lower them.")
+                          f"rollout.num_generations); their KV cache and logits alone need {size_text(need)}, more than "
+                          f"the {size_text(have)} of memory of {device.type}: lower them.")

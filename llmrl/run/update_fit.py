@@ -45,6 +45,7 @@ from ..errors import ConfigError
 from ..models.logprobs import chunk_positions
 from ..models.sequences import layout
 from ..models.stack import PolicyStack
+from .preflight import size_text
 
 PROBE = 32  # tokens of the probe row: half prompt, half response
 SLACK = 2.0  # process memory over saved tensors: 1.6× measured at 1.5B, and headroom (module docstring)
@@ -113,15 +114,11 @@ def measure_fit(config: Config, stack: PolicyStack, costs: Sequence[Any], have: 
     return UpdateFit(per_token, longest_prompt + response_tokens, free, max(0, int(free // (row * SLACK))), minibatch)
 
 
-def _gib(n: float) -> str:
-    return f"{n / 2**30:,.1f} GiB"
-
-
 def fit_update(cfg: UpdateConfig, fit: UpdateFit) -> UpdateConfig:
     """The update settings this run takes: micro-batches of `fit.rows` where unset and the minibatch does
     not fit; refused where one row's saved tensors alone exceed the memory left (module docstring)."""
-    what = (f"a row of {fit.row_tokens:,} tokens keeps ≈ {_gib(fit.row_bytes * SLACK)} of activations in the "
-            f"update, and {_gib(max(fit.free, 0))} are left beside the weights")
+    what = (f"a row of {fit.row_tokens:,} tokens keeps ≈ {size_text(fit.row_bytes * SLACK)} of activations in the "
+            f"update, and {size_text(max(fit.free, 0))} are left beside the weights")
     if fit.row_bytes > fit.free:
         raise ConfigError(f"This run cannot update even one row at a time: {what}; update.activation_checkpointing="
                           "true keeps only each layer's input, and fewer new tokens, shorter prompts or "
