@@ -3,7 +3,8 @@
 The hub is a stand-in served by this test on 127.0.0.1 (`HF_ENDPOINT`): it answers the requests
 huggingface_hub's `create_repo` and `upload_folder` make (repository, README metadata check, pre-upload,
 the LFS batch and PUT of the weights, the commit) and keeps what arrived, which must be the export's
-bytes. huggingface_hub speaks Xet to the real hub when hf_xet is installed; the stand-in speaks its LFS
+bytes. It also holds the files of an earlier push (`files`: the tree a push lists to delete what the
+export lacks) and a visibility (`exists`, `private`: what `repo_info` answers). huggingface_hub speaks Xet to the real hub when hf_xet is installed; the stand-in speaks its LFS
 protocol, so the pushes here run with HF_HUB_DISABLE_XET=1. No request leaves the machine."""
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ import pytest
 import yaml
 from huggingface_hub import ModelCard
 
+from llmrl import load_config, train
 from llmrl.export import export_run
-from llmrl.export.card import base_model
+from llmrl.export.card import base_model, settings
+from llmrl.export.names import public_name
 from tests.helpers import cli_refused
 from tests.test_export import run_dir  # noqa: F401 (the module's 3-step PPO run on the tiny model)
 
@@ -67,7 +70,15 @@ class StandInHub(BaseHTTPRequestHandler):
         if hub.refuse:  # a token that may read but not write
             self._answer({"error": "You don't have the rights to create a model under this namespace"}, 403)
         elif path == "/api/repos/create":
-            self._answer({"url": f"{base}/{REPO}"})
+            hub.created.append(json.loads(body))
+            if hub.exists:  # the hub answers 409 for a repository that exists; exist_ok takes it
+                self._answer({"error": "You already created this model repo", "url": f"{base}/{REPO}"}, 409)
+            else:
+                self._answer({"url": f"{base}/{REPO}"})
+        elif path == f"/api/models/{REPO}" and self.command == "GET":
+            self._answer({"id": REPO, "private": hub.private})
+        elif path == f"/api/models/{REPO}/tree/main" and self.command == "GET":
+            self._answer([{"type": "file", "path": f, "size": 1, "oid": "0" * 40} for f in hub.files])
         elif path == "/api/validate-yaml":
             hub.readme = json.loads(body)["content"]
             self._answer({"errors": [], "warnings": []})
@@ -98,6 +109,7 @@ class StandInHub(BaseHTTPRequestHandler):
 def hub() -> Iterator[ThreadingHTTPServer]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), StandInHub)
     server.seen, server.lfs, server.commit, server.readme, server.refuse = [], {}, [], None, False
+    server.created, server.files, server.exists, server.private = [], [], False, False
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
@@ -134,7 +146,8 @@ def test_the_card_names_base_library_algorithm_settings_and_held_out_figures(run
                 "| learning rate (actor) | 0.01, constant |", "| seed | 0 |"):
         assert row in text, (row, text)
     base = yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["name"]  # the tiny model's folder
-    assert f"A fine-tune of the local model `{base}`, trained with reinforcement learning by llmrl" in text
+    assert Path(base).is_absolute()  # the card names it by its folder's name only
+    assert f"A fine-tune of the local model `{Path(base).name}`, trained with reinforcement learning by llmrl" in text
     lora = yaml.safe_load((run_dir / "config.yaml").read_text())["lora"]
     assert f"| LoRA | r {lora['r']}, α {lora['alpha']:g}, dropout 0, modules_to_save norm |" in text
     assert "float32 weights of step 3 of 3 (from the run's adapter)" in text
@@ -174,6 +187,111 @@ def test_a_local_folder_that_looks_like_a_hub_id_is_local(tmp_path: Path, monkey
     assert base_model("org/model")[0] is None
 
 
+def _texts(folder: Path) -> dict[str, str]:
+    """Every file of `folder` that reads as UTF-8 text (the card, the JSON configs, the tokenizer's files)."""
+    out = {}
+    for f in sorted(folder.rglob("*")):
+        try:
+            out[f.name] = f.read_text()
+        except (UnicodeDecodeError, IsADirectoryError):
+            pass
+    return out
+
+
+def test_no_exported_file_names_a_local_path(run_dir: Path, tmp_path: Path,
+                                             tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The base is the tiny model's folder under pytest's temporary root, where the run is too: neither the
+    card nor the adapter's config (peft writes the base's folder as `base_model_name_or_path`) may name
+    a path under that root; the adapter points at the base by hub id, or (a local base) by nothing."""
+    root = str(tmp_path_factory.getbasetemp())
+    for adapter_only in (False, True):
+        out = tmp_path / ("adapter" if adapter_only else "merged")
+        export_run(run_dir, out, adapter_only=adapter_only)
+        texts = _texts(out)
+        assert "README.md" in texts and ("adapter_config.json" in texts) == adapter_only
+        for name, text in texts.items():
+            assert root not in text, (name, text[text.index(root) - 200:text.index(root) + 200])
+    assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"] is None
+
+
+SUMS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in zip(range(10, 30), range(40, 60))]
+DIGITS = """
+def digit_share(prompts, completions, **_):
+    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+"""
+
+
+def test_a_run_on_local_files_is_named_by_file_name_and_evaluated_prompts_counted(tiny_model_dir: Path,
+                                                                                   tmp_path: Path) -> None:
+    """A dataset of 20 rows holds out 2 (data.eval_fraction 0.1): eval.size 8 asks for more than there are,
+    and the card says the 2 the run decoded. The dataset and the reward file are named by file name only."""
+    data, reward = tmp_path / "data" / "sums.jsonl", tmp_path / "rewards" / "digits.py"
+    data.parent.mkdir()
+    reward.parent.mkdir()
+    data.write_text("".join(json.dumps(r) + "\n" for r in SUMS))
+    reward.write_text(DIGITS)
+    run = tmp_path / "run"
+    train(load_config(overrides={"model.name": str(tiny_model_dir), "out": str(run), "steps": 1,
+                                 "data.dataset": str(data), "reward.functions": [f"{reward}:digit_share"]},
+                      sets=["data.eval_fraction=0.1", "eval.size=8", "eval.every=0", "rollout.prompts_per_step=4",
+                            "update.minibatch_size=4", "rollout.max_new_tokens=4", "threads=1"]))
+    assert json.loads((run / "summary.json").read_text())["eval_prompts"] == 2
+    export_run(run, tmp_path / "out", adapter_only=True)
+    text = (tmp_path / "out" / "README.md").read_text()
+    assert "Greedy decoding of 2 held-out prompts, as the run evaluated them:" in text
+    assert "| task | `sums.jsonl` (data.dataset) |" in text and "on `sums.jsonl`, float32 weights" in text
+    assert "| reward | 1 · `digits.py:digit_share` |" in text
+    assert str(tmp_path) not in text
+
+
+def test_a_card_without_the_count_says_at_most(run_dir: Path, tmp_path: Path) -> None:
+    """A run from before summary.json recorded `eval_prompts` states eval.size as the bound it is."""
+    old = tmp_path / "old"
+    shutil.copytree(run_dir, old)
+    summary = json.loads((old / "summary.json").read_text())
+    del summary["eval_prompts"]
+    (old / "summary.json").write_text(json.dumps(summary))
+    export_run(old, tmp_path / "out", adapter_only=True)
+    assert "Greedy decoding of at most 8 held-out prompts" in (tmp_path / "out" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("value, shown", [
+    ("/home/me/data/train.jsonl", "train.jsonl"), ("~/data/train.jsonl", "train.jsonl"),
+    ("./prompts.csv", "prompts.csv"), ("data/prompts.parquet", "prompts.parquet"),
+    ("/home/me/rewards/mine.py:score", "mine.py:score"), ("rewards/mine.py:score", "mine.py:score"),
+    ("/home/me/envs/game.py:Game", "game.py:Game"), ("/srv/models/judge/", "judge"), ("a/b/c", "c"),
+    ("openai/gsm8k", "openai/gsm8k"), ("my_pkg.rewards:politeness", "my_pkg.rewards:politeness"),
+    ("rg:chain_sum", "rg:chain_sum"), ("numeric", "numeric"), ("calculator", "calculator"),
+])
+def test_public_names(value: str, shown: str) -> None:
+    assert public_name(value) == shown
+
+
+def test_settings_name_an_environment_and_a_reward_model_by_their_last_part() -> None:
+    config = load_config(overrides={"rollout.env": "/home/me/envs/game.py:Game", "reward.functions": [
+        {"model": "/home/me/reward-models/judge", "weight": 0.5}, {"name": "~/r/mine.py:score"}]})
+    rows = dict(settings(config))
+    assert rows["environment"] == "`game.py:Game`, at most 4 turns"
+    assert rows["reward"] == "0.5 · `judge` + 1 · `mine.py:score`"
+
+
+def test_a_local_copy_is_named_by_the_hub_id_it_came_from(tmp_path: Path) -> None:
+    """`llmrl models get`'s folder (its llmrl-model.json) is its catalogued upstream; a snapshot of the
+    hub's cache its ORG/NAME; any other folder its own name, with no base_model."""
+    got = tmp_path / "cache" / "models" / "qwen2.5-coder-0.5b-instruct"
+    got.mkdir(parents=True)
+    (got / "llmrl-model.json").write_text(json.dumps({"name": "qwen2.5-coder-0.5b-instruct"}))
+    repo, text, licence = base_model(str(got))
+    assert (repo, licence) == ("Qwen/Qwen2.5-Coder-0.5B-Instruct", "apache-2.0") and str(tmp_path) not in text
+    snapshot = tmp_path / "hub" / "models--HuggingFaceTB--SmolLM2-135M-Instruct" / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    repo, text, _ = base_model(str(snapshot))
+    assert repo == "HuggingFaceTB/SmolLM2-135M-Instruct" and str(tmp_path) not in text
+    mine = tmp_path / "home" / "me" / "my-model"
+    mine.mkdir(parents=True)
+    assert base_model(str(mine)) == (None, "the local model `my-model`", None)
+
+
 def test_push_to_a_stand_in_hub(run_dir: Path, tmp_path: Path, hub: ThreadingHTTPServer) -> None:
     out = tmp_path / "pushed"
     endpoint = f"http://127.0.0.1:{hub.server_port}"
@@ -204,6 +322,63 @@ def test_push_to_a_stand_in_hub(run_dir: Path, tmp_path: Path, hub: ThreadingHTT
             assert hashlib.sha256(got[value["path"]]).hexdigest() == value["oid"]
     assert got == local and "model.safetensors" in got and "README.md" in got
     assert hub.readme == local["README.md"].decode() and "library_name: llmrl" in hub.readme
+    assert len(hub.created) == 1 and "visibility" not in hub.created[0]  # the hub's default (public)
+
+
+def _ops(commit: list[dict]) -> dict[str, set[str]]:
+    """A commit's paths by operation: {'file': …, 'lfsFile': …, 'deletedFile': …}."""
+    out: dict[str, set[str]] = {}
+    for op in commit[1:]:
+        out.setdefault(op["key"], set()).add(op["value"]["path"])
+    return out
+
+
+def test_a_push_deletes_what_an_earlier_push_left_and_nothing_local(run_dir: Path, tmp_path: Path,
+                                                                    hub: ThreadingHTTPServer) -> None:
+    """The repository holds an earlier adapter push: a merged push's commit deletes the adapter's files
+    (which the export lacks) and keeps .gitattributes; every local file stays."""
+    hub.exists = True
+    hub.files = [".gitattributes", "README.md", "adapter_config.json", "adapter_model.safetensors", "extra/notes.txt"]
+    out, beside = tmp_path / "pushed", tmp_path / "adapter_config.json"
+    beside.write_text("{}")  # a local file of the same name as a deleted one, next to the export
+    done = _export([str(run_dir), "--out", str(out), "--push-to-hub", REPO], tmp_path,
+                   HF_ENDPOINT=f"http://127.0.0.1:{hub.server_port}", HF_TOKEN=TOKEN)
+    assert done.returncode == 0, done.stderr
+    ops = _ops(hub.commit)
+    assert ops["deletedFile"] == {"adapter_config.json", "adapter_model.safetensors", "extra/notes.txt"}, ops
+    local = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    assert ops["file"] | ops["lfsFile"] == local and "model.safetensors" in local
+    assert beside.read_text() == "{}" and (out / "README.md").is_file()
+
+
+def test_private_makes_a_private_repository(run_dir: Path, tmp_path: Path, hub: ThreadingHTTPServer) -> None:
+    hub.private = True  # what repo_info answers once the repository was made private
+    done = _export([str(run_dir), "--out", str(tmp_path / "o"), "--adapter-only", "--push-to-hub", REPO, "--private"],
+                   tmp_path, HF_ENDPOINT=f"http://127.0.0.1:{hub.server_port}", HF_TOKEN=TOKEN)
+    assert done.returncode == 0, done.stderr
+    assert hub.created == [{"name": "tiny-rl", "organization": "someone", "visibility": "private", "type": "model"}]
+    assert "adapter_model.safetensors" in _ops(hub.commit)["lfsFile"]
+
+
+def test_private_onto_an_existing_public_repository_is_refused(run_dir: Path, tmp_path: Path,
+                                                               hub: ThreadingHTTPServer) -> None:
+    """create_repo leaves an existing repository's visibility as it is: --private would publish."""
+    hub.exists, hub.private = True, False
+    out = tmp_path / "o"
+    done = _export([str(run_dir), "--out", str(out), "--adapter-only", "--push-to-hub", REPO, "--private"], tmp_path,
+                   HF_ENDPOINT=f"http://127.0.0.1:{hub.server_port}", HF_TOKEN=TOKEN)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == (f"error: Did not push: '{REPO}' already exists on the hub at http://127.0.0.1:"
+                                   f"{hub.server_port} and is public, and --private does not change an existing "
+                                   f"repository; make it private there or push without --private; the export is in "
+                                   f"'{out}'.")
+    assert not hub.commit and (out / "adapter_config.json").is_file()
+
+
+def test_private_without_a_push_is_one_sentence(run_dir: Path, tmp_path: Path) -> None:
+    cli_refused(["export", str(run_dir), "--out", str(tmp_path / "o"), "--private"],
+                "--private sets the visibility of the repository --push-to-hub makes")
+    assert not (tmp_path / "o").exists()
 
 
 def test_no_token_is_one_sentence_before_any_export(run_dir: Path, tmp_path: Path) -> None:

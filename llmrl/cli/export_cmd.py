@@ -9,7 +9,10 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from ..errors import LLMRLError
 from ..export import export_run
+from ..export.card import four_bit_base
+from ..run.actor import run_config
 from .errors import friendly
 
 
@@ -22,21 +25,27 @@ def export(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace what is already in --out."),
     push_to_hub: Optional[str] = typer.Option(
         None, "--push-to-hub", metavar="REPO", help="Then upload the folder to this hub model repository "
-        "(NAMESPACE/NAME, made if missing) with the token of HF_TOKEN or `hf auth login`; HF_ENDPOINT picks the hub."),
+        "(NAMESPACE/NAME, made if missing) with the token of HF_TOKEN or `hf auth login`; HF_ENDPOINT picks the hub. "
+        "The repository then holds exactly the folder's files: files of an earlier push that it lacks are deleted there."),
+    private: bool = typer.Option(False, "--private", help="With --push-to-hub: make the repository private "
+                                 "(a new one; an existing public one is refused). Default: the hub's default, public."),
 ) -> None:
     """Merge the run's actor adapter into the base weights and save a model that
     `AutoModelForCausalLM.from_pretrained(OUT)` loads without llmrl or peft, with a model card (README.md)."""
+    if private and not push_to_hub:
+        raise LLMRLError("--private sets the visibility of the repository --push-to-hub makes; add --push-to-hub "
+                         "NAMESPACE/NAME or drop --private.")
     done = export_run(run_dir, out, dtype=dtype, adapter_only=adapter_only, overwrite=overwrite,
-                      push_to_hub=push_to_hub)
+                      push_to_hub=push_to_hub, private=private)
     what = "PEFT adapter" if done.kind == "adapter" else "merged model"
     Console().print(f"Wrote the {what} ({done.dtype}, from the {done.source}) to [bold]{done.path}[/]")
     if done.quantize != "none" and done.kind == "merged":
         Console().print(f"The run trained on a {done.quantize} base: the adapter is merged into its de-quantised "
                         f"weights (the ones it trained on), so the export holds plain {done.dtype} weights, no 4-bit layer.")
     elif done.quantize != "none":
-        Console().print(f"The run trained on a {done.quantize} base: load the base with BitsAndBytesConfig("
-                        f"load_in_4bit=True, bnb_4bit_quant_type='{done.quantize}', bnb_4bit_use_double_quant=True) "
-                        f"before this adapter to get the trained actor.")
+        Console().print(f"The run trained on a {done.quantize} base: load the base with quantization_config="
+                        f"{four_bit_base(run_config(run_dir).model)} before this adapter to get the trained actor "
+                        f"(the model card says so too).")
     if done.kind == "merged":
         Console().print(f"Load it with: AutoModelForCausalLM.from_pretrained('{done.path}')")
     if done.pushed:

@@ -3,8 +3,10 @@
     merge.py  the actor merged into the base weights (or its PEFT adapter), written through a temporary
               sibling and one rename
     card.py   README.md: base model, library, algorithm, the settings that shape the result, the
-              held-out figures the run wrote
-    hub.py    `--push-to-hub REPO`: the token checked first, the folder uploaded in one commit
+              held-out figures the run wrote, the 4-bit base an adapter needs
+    names.py  what the card and the adapter's config name: hub ids, never a local path
+    hub.py    `--push-to-hub REPO [--private]`: the token checked first, the folder uploaded in one
+              commit that deletes the repository's files the folder lacks
 """
 
 from .merge import EXPORT_MARKERS, Exported, check_out, export_run

@@ -3,8 +3,16 @@
 The repository id and the token are checked before anything is exported (a merge can take minutes);
 the upload is huggingface_hub's own (`HfApi.create_repo(exist_ok=True)`, then `upload_folder`: one
 commit holding every file of the folder, the model card included), to `HF_ENDPOINT` (default
-https://huggingface.co) with the token `HF_TOKEN` or `hf auth login` stored. A refused token, an
-unreachable hub or an offline setting is one sentence that also says where the export is.
+https://huggingface.co) with the token `HF_TOKEN` or `hf auth login` stored.
+
+The repository then holds the folder's files and nothing else: the same commit deletes every file of
+the repository the folder lacks (`delete_patterns="*"`; the hub's own .gitattributes stays), so a
+merged export pushed over an earlier adapter push leaves no adapter_config.json beside its weights.
+Nothing local is deleted. A repository is made with the hub's default visibility (public on
+huggingface.co), or private with `private`; a push with `private` to a repository that exists and is
+public is refused before anything is uploaded (create_repo does not change an existing one's
+visibility). A refused token, an unreachable hub or an offline setting is one sentence that also says
+where the export is.
 """
 
 from __future__ import annotations
@@ -46,14 +54,20 @@ def _network(exc: BaseException) -> bool:
     return False
 
 
-def push(folder: Path, repo: str, token: str, message: str) -> str:
-    """Upload `folder` to the model repository `repo` (made if missing) in one commit → the commit's URL."""
+def push(folder: Path, repo: str, token: str, message: str, private: bool = False) -> str:
+    """Upload `folder` to the model repository `repo` (made if missing, `private` or with the hub's default
+    visibility) in one commit that also deletes the repository's files the folder lacks → the commit's URL."""
     api = HfApi(token=token)
     where = f"the hub at {api.endpoint}"
     kept = f"the export is in '{folder}'"
     try:
-        api.create_repo(repo, repo_type="model", exist_ok=True)
-        return str(api.upload_folder(repo_id=repo, folder_path=folder, commit_message=message).commit_url)
+        api.create_repo(repo, repo_type="model", exist_ok=True, private=True if private else None)
+        if private and not api.repo_info(repo, repo_type="model").private:
+            raise LLMRLError(f"Did not push: '{repo}' already exists on {where} and is public, and --private does not "
+                             f"change an existing repository; make it private there or push without --private; "
+                             f"{kept}.", exit_code=1)
+        return str(api.upload_folder(repo_id=repo, folder_path=folder, commit_message=message,
+                                     delete_patterns="*").commit_url)
     except HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else None
         if status == 401:

@@ -27,6 +27,7 @@ from ..models.load import DTYPES
 from ..run.folder import MARKER, RUN_PARTS
 from .card import card
 from .hub import hub_token, push
+from .names import point_adapter
 
 
 @dataclass(frozen=True)
@@ -131,9 +132,10 @@ def _write_adapter(run_dir: Path, tmp: Path, dtype: str) -> None:
 
 
 def export_run(run_dir: str | Path, out: str | Path, *, dtype: str = "float32", adapter_only: bool = False,
-               overwrite: bool = False, push_to_hub: str | None = None) -> Exported:
+               overwrite: bool = False, push_to_hub: str | None = None, private: bool = False) -> Exported:
     """Write the run's actor to `out`: merged into the base weights, or (`adapter_only`) as a PEFT adapter,
-    with its model card; then, with `push_to_hub` (a hub repository id), upload the folder there."""
+    with its model card; then, with `push_to_hub` (a hub repository id), upload the folder there (a new
+    repository made `private`, hub.py)."""
     run_dir, out = Path(run_dir), Path(out)
     if dtype not in DTYPES:
         raise LLMRLError(f"Unknown dtype '{dtype}'; valid: {', '.join(DTYPES)}.")
@@ -154,6 +156,7 @@ def export_run(run_dir: str | Path, out: str | Path, *, dtype: str = "float32", 
         finally:
             if was:
                 hf_logging.enable_progress_bar()
+        point_adapter(tmp, config.model.name)  # the adapter names its base by hub id or not at all
         card(config, run_dir, source, kind, dtype, push_to_hub or out.name).save(tmp / "README.md")
         _publish(tmp, out)
     except OSError as exc:
@@ -162,6 +165,6 @@ def export_run(run_dir: str | Path, out: str | Path, *, dtype: str = "float32", 
         shutil.rmtree(tmp, ignore_errors=True)
     done = Exported(out, kind, dtype, source.describe(), config.model.quantize)
     if push_to_hub:
-        url = push(out, push_to_hub, token or "", f"llmrl export of the run {run_dir.name} ({kind}, {dtype})")
+        url = push(out, push_to_hub, token or "", f"llmrl export of the run {run_dir.name} ({kind}, {dtype})", private)
         done = replace(done, pushed=url)
     return done

@@ -67,6 +67,7 @@ def summarize(config: Config, history: list[dict[str, Any]], before: EvalResult 
         "eval_reward_before": before.reward_mean if before else None,
         "eval_reward_after": after.reward_mean if after else None,
         **metrics,  # eval_strict_accuracy_before/after (a task's metrics), eval_eos_rate_*, eval_response_len_*
+        "eval_prompts": len(after.completions) if after else None,  # held out and decoded: ≤ eval.size
         "reward_mean_first": history[0]["reward_mean"] if history else None,
         "reward_mean_last": mean("reward_mean"),
         "kl_last": mean("kl"),
