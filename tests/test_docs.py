@@ -85,7 +85,9 @@ def test_readme_command_runs(argv, stdin, expected):
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 # a repository path written out in the text, e.g. `bench/results/vs-trl.json` or docs/engines.md
-BARE = re.compile(r"(?<![\w./~<-])((?:docs|bench|recipes|tests|llmrl|\.ci)/[\w./-]*\.(?:md|py|json|png|yaml|sh|txt))(?![\w/])")
+BARE = re.compile(r"(?<![\w./~<:-])((?:docs|bench|recipes|tests|llmrl|\.ci)/[\w./-]*\.(?:md|py|json|png|yaml|sh|txt))(?![\w/])")
+# a file removed from the tree, named by a commit that has it: `git show ae998e2:bench/probes/decode_width.py`
+AT_COMMIT = re.compile(r"(?<![\w./~<:-])([0-9a-f]{7,40}):((?:docs|bench|recipes|tests|llmrl|\.ci)/[\w./-]*\.(?:md|py|json|png|yaml|sh|txt))(?![\w/])")
 
 
 def slugs(md: Path) -> set[str]:
@@ -117,18 +119,50 @@ def broken_links(doc: Path) -> list[str]:
             bad.append(f"{doc.relative_to(ROOT)} links to {path} (missing)")
         elif anchor and file.suffix == ".md" and anchor not in slugs(file):
             bad.append(f"{doc.relative_to(ROOT)} links to {target} (no such heading)")
+    return bad + [f"{doc.relative_to(ROOT)} {m}" for m in missing_paths(text)]
+
+
+def missing_paths(text: str) -> list[str]:
+    """The repository paths a text writes out that do not exist: a bare one missing from the tree, or a
+    `COMMIT:path` (a file removed, named where it can still be read) that COMMIT does not have. A commit
+    this checkout lacks (a shallow clone) is not held against the text."""
+    bad = []
     for path in sorted(set(BARE.findall(text))):
         if re.search(r"[A-Z]{2,}", path.replace("README", "")):
             continue  # a placeholder: bench/profile-NAME.json
         if not (ROOT / path).exists():
-            bad.append(f"{doc.relative_to(ROOT)} names {path} (missing)")
+            bad.append(f"names {path} (missing)")
+    for commit, path in sorted(set(AT_COMMIT.findall(text))):
+        if re.search(r"[A-Z]{2,}", path.replace("README", "")):
+            continue  # a placeholder: ae998e2:bench/probes/NAME.py
+        if _git("cat-file", "-e", f"{commit}^{{commit}}") and not _git("cat-file", "-e", f"{commit}:{path}"):
+            bad.append(f"names {commit}:{path} (not in that commit)")
     return bad
+
+
+def _git(*args: str) -> bool:
+    """Whether `git ARGS` succeeds in this checkout."""
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True).returncode == 0
+    except OSError:
+        return False
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(ROOT)) for d in DOCS])
 def test_every_linked_file_exists(doc):
     bad = broken_links(doc)
-    assert not bad, "missing (bench/results/… and bench/probes/… are the reorganised bench folder's paths):\n" + "\n".join(bad)
+    assert not bad, "missing (name a file removed from the tree as COMMIT:path, a commit that has it):\n" + "\n".join(bad)
+
+
+def test_a_removed_file_is_named_by_a_commit_that_has_it():
+    """bench/'s removed probes are cited as `COMMIT:path`: accepted where that commit has the file, refused
+    where it does not, and the bare path of a removed file is refused."""
+    if not _git("cat-file", "-e", "ae998e2^{commit}"):
+        pytest.skip("commit ae998e2 is not in this checkout (a shallow clone)")
+    assert missing_paths("`git show ae998e2:bench/probes/decode_width.py`") == []
+    assert missing_paths("`git show ae998e2:bench/probes/no_such_probe.py`") == [
+        "names ae998e2:bench/probes/no_such_probe.py (not in that commit)"]
+    assert missing_paths("`python bench/probes/decode_width.py`") == ["names bench/probes/decode_width.py (missing)"]
 
 
 # ---- the README's shape and the performance page's -----------------------------------------------

@@ -5,7 +5,7 @@ k3 in the loss), one update per batch, temperature 1, lr 1e-5, seed 0; chat prom
 (llmrl's `chat_sum` train split) and llmrl's `numeric` reward for every contender.
 
 `THREADS` and `DEVICE` are the run's torch threads and device: the runner (and the scripts that reuse
-this configuration: reward_curve.py, profile_step.py) set them before anything runs; the functions
+this configuration: reward_curve.py) set them before anything runs; the functions
 here and in the contender modules read them when called.
 """
 

@@ -1,8 +1,9 @@
-"""TRL 1.12's experimental PPOTrainer on vs_trl's configuration: the PPO row of issue 8, re-measured.
+"""TRL 1.12.0's experimental PPOTrainer on vs_trl's configuration: the PPO row of issue 8, re-measured.
 
 The `trl-ppo` contender of bench/vs_trl.py; bench/trl_ppo.py is its command line.
 
-TRL 1.16 (the `[bench]` extra) no longer ships `trl.experimental.ppo`; 1.12.0 does and runs unchanged
+TRL removed PPOTrainer in 1.13.0 (huggingface/trl#7020): neither 1.16 (the `[bench]` extra) nor any release
+after 1.12.0 ships `trl.experimental.ppo`. 1.12.0, the last that does, runs unchanged
 against transformers 5.24 / peft 0.21 / accelerate 1.15 (no shim needed). `ensure_trl112()` installs
 it with `pip install --no-deps --target bench/.trl-1.12 trl==1.12.0` (git-ignored) and
 `trl_ppo_run` puts that folder first on sys.path before importing `trl`, so run it in a process that

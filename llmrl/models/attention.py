@@ -8,7 +8,7 @@ of the batch is padded) it passes `enable_gqa=True` instead. torch's CPU kernel 
 5x slower in bfloat16 (2.35 against 0.46 ms a layer for 64 rows and 48 keys; 4.10 against 0.82 at 96
 keys; on the 2-core AMD EPYC of docs/performance.md, avx512_bf16, no AMX), while in float32 it is the
 faster one. So an unpadded bfloat16 batch decoded 1.27x slower than the same batch with one padded row
-(`bench/probes/attention_cpu.py`).
+(`ae998e2:bench/probes/attention_cpu.py`).
 
 `cpu_half_attention` gives such a call an all-True mask (B, 1, 1, L), which sends it down the packed
 path, and otherwise is transformers' `sdpa_attention_forward` unchanged: the same kernel, the same

@@ -5,10 +5,10 @@
 (V × H) · (H × N), against 56 ms as x · Wᵀ (a microbenchmark, 2 threads); the result is transposed back
 into a contiguous (N, 1, V) tensor. Each logit is the same dot product of H terms through the other
 operand order, which may round differently: the logits were bit-identical at 16-100 rows on the CPU of
-docs/performance.md, not at 8 (bench/probes/decode_kernels.py). It acts where the weights are not
+docs/performance.md, not at 8 (ae998e2:bench/probes/decode_kernels.py). It acts where the weights are not
 packed (models/packed.py takes the head where it packs): an episode's later turns, a model under 256
 wide, `engine.pack_weights=false`; on a later turn's shape (Qwen2.5-0.5B, ~700 tokens of context, 64
-rows × 64 tokens) whole generations took 1.08× as long without it (bench/decode_tweaks.py, docs/engines.md).
+rows × 64 tokens) whole generations took 1.08× as long without it (ae998e2:bench/decode_tweaks.py, docs/engines.md).
 
 The KV cache is transformers' own `DynamicCache` (a KV cache with room reserved ahead, which saved the
 torch.cat of the past at each token, measured 0.95-1.03× whole generations at today's defaults and was
@@ -27,7 +27,7 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
-SKINNY_ROWS = 256  # above this many rows the plain x · Wᵀ is as fast (bench/probes/decode_kernels.py)
+SKINNY_ROWS = 256  # above this many rows the plain x · Wᵀ is as fast (ae998e2:bench/probes/decode_kernels.py)
 WIDE = 256  # hidden size from which a strided input reaches a product only as contiguous rows (`wide`)
 
 

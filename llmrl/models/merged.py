@@ -17,7 +17,7 @@ also packs its weights (models/packed.py), W′ is made one layer at a time stra
 copy (`pack_rows`), so the merge adds no copy of its own. W′·x rounds differently from W·x + s·B·(A·x): the tokens drawn
 are those of the actor up to float rounding, and with `rollout.generation_logprobs` (the default; in
 float32 these logits give log π_old) the log-probs are the actor's within that rounding (max
-|Δ log-prob| 3.6e-5 on SmolLM2, `bench/probes/merged_decode.py`).
+|Δ log-prob| 3.6e-5 on SmolLM2, `ae998e2:bench/probes/merged_decode.py`).
 
 Only a plain float32 (or float64) actor merges (`mergeable`): LoRA on linear layers alone, no trained module
 copy (`lora.modules_to_save`), no DoRA, no LoRA on an embedding, no LoRA dropout active, W in

@@ -8,7 +8,7 @@ the product does little arithmetic per weight it reads. `packed_linears` reorder
 into oneDNN's layout for the batch (`torch.ops.mkldnn._reorder_linear_weight`, what torch.compile's
 CPU backend does with frozen weights) and runs the layer as `torch.ops.mkldnn._linear_pointwise` on
 it. Measured on SmolLM2-135M's decoding shapes (2-core AMD EPYC, avx512_bf16, no AMX; every linear
-layer of the 30 and the LM head, weights cold in the cache, `bench/probes/packed_decode.py`): 1.83× (bfloat16)
+layer of the 30 and the LM head, weights cold in the cache, `ae998e2:bench/probes/packed_decode.py`): 1.83× (bfloat16)
 and 1.83× (float32) at 8 rows on 1 thread, 1.22× and 1.62× at 64 rows on 2 threads; a whole generation
 of 64 rows × 20 tokens 1.03× (bfloat16) and 1.20× (float32).
 

@@ -13,7 +13,7 @@
 
 The K oversampled prompts cost one wider decode instead of a second round: a CPU decodes 48 rows
 in about 1.2× the time of 32 (the skinny matmuls of a decoding step run far below the CPU's peak,
-so more rows cost little; bench/probes/decode_width.py).
+so more rows cost little; ae998e2:bench/probes/decode_width.py).
 Round 0 keeps at most B informative groups, the stream's first.
 n_d = B − kept when nothing was kept yet is B, else min(B, ⌈(B − kept) · drawn / kept⌉): the
 rounds so far predict how many prompts yield the missing groups. When no round keeps a group the

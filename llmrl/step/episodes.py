@@ -214,7 +214,7 @@ def generate_episodes(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBa
     `greedy`: every turn decoded greedily (evaluation; the keys still seed `reset`). `role`: the policy
     that acts ('reference': the plain model, `llmrl eval` of a model). `reuse_cache`: continue each turn
     from the engine's own turn decoder when it has one (`engines/turns.open_turns`: the `hf` engine's
-    KV cache); False sends every turn as a fresh request (bench/probes/turn_cache.py compares the two)."""
+    KV cache); False sends every turn as a fresh request (ae998e2:bench/probes/turn_cache.py compares the two)."""
     g = cfg.num_generations
     index = prompt_index.repeat_interleave(g)
     keys = row_keys(seed, step, index, torch.arange(first_sample, first_sample + g).repeat(len(rows)))

@@ -46,7 +46,7 @@ DEMO: list[dict[str, str]] = [
 ]
 """The worked example every `chat_calc` conversation opens with: one call in the plain format
 (envs/tools.py) and the answer copied from the tool.
-It shows a single product while the questions ask for a sum of two (bench/probes/tool_openings.py, SmolLM2-135M-
+It shows a single product while the questions ask for a sum of two (ae998e2:bench/probes/tool_openings.py, SmolLM2-135M-
 Instruct, 16 held-out questions): with a worked example of the questions' own shape the model answers all
 16 greedily before any training; with none it writes 1 well-formed call in 64 samples and answers none;
 with this one it answers 6 of 16 greedily and 11 of 64 sampled at T 0.7 — room to
@@ -57,7 +57,7 @@ JSON_FORMAT = "json"
 JSON_DEMO: list[dict[str, str]] = [DEMO[0], {"role": "assistant", "content": '{"name": "calculator", "arguments": '
                                                  '{"expression": "12*34"}}'}, *DEMO[2:]]
 """`DEMO` with its call as the bare JSON object Qwen2.5-Coder-0.5B-Instruct writes when the template offers
-it a tool (29 of 32 first turns; `bench/probes/tool_answers.py`, bench/results/tool-answers-qwen0.5b.json).
+it a tool (29 of 32 first turns; `ae998e2:bench/probes/tool_answers.py`, bench/results/tool-answers-qwen0.5b.json).
 With no worked example that model calls the calculator again after its result instead of answering (0 of
 32 replies answer); after this one, 8 of 32 answer, all 8 right: episodes with something to reinforce."""
 
