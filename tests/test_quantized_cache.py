@@ -4,7 +4,11 @@ random Qwen2-architecture model saved in-process (tests/qwen2_tiny.py)."""
 
 from __future__ import annotations
 
+import json
 import os
+import resource
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,6 +16,7 @@ import torch
 
 from llmrl.config.schema import ModelConfig
 from llmrl.models.load import load_base
+from llmrl.models import quantized_cache
 from llmrl.models.quantized_cache import COMPLETE, cache_dir
 from tests.qwen2_tiny import save_qwen2
 
@@ -65,19 +70,124 @@ def test_the_first_load_writes_the_4_bit_copy_and_the_second_reads_it_with_ident
     second, _ = load_base(_nf4(qwen_dir), show_progress=False)
     assert second.name_or_path == str(folder)  # loaded from the copy
     assert torch.equal(_logits(first), _logits(second))  # the very codes and scales: the same numbers, exactly
-    # only this model's folder and kind were written: no temporary folder left beside it
-    assert [p.name for p in folder.parent.iterdir()] == [folder.name]
+    # only this model's folder and kind were written: no temporary folder left beside it (its lock file
+    # and the weight files' remembered digests stay)
+    assert sorted(p.name for p in folder.parent.iterdir()) == sorted([folder.name, f".{folder.name}.lock", "digests.json"])
 
 
-def test_the_copy_is_keyed_by_kind_dtype_and_the_files(qwen_dir: Path) -> None:
+def _edit_json(path: Path, **changes: object) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}, indent=2))
+
+
+def test_the_copy_is_keyed_by_kind_dtype_and_the_contents_of_what_it_depends_on(qwen_dir: Path, tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMRL_CACHE_DIR", str(tmp_path / "cache"))
     base = cache_dir(str(qwen_dir), "nf4", "float32")
     assert cache_dir(str(qwen_dir), "fp4", "float32") != base
     assert cache_dir(str(qwen_dir), "nf4", "bfloat16") != base
+    config = qwen_dir / "config.json"
+    original = config.read_bytes()
+    _edit_json(config, rms_norm_eps=1e-5)  # another model: the norms divide by another epsilon
+    edited = cache_dir(str(qwen_dir), "nf4", "float32")
+    assert edited != base
+    config.write_bytes(original)  # the same bytes again, under a new mtime: the same copy
+    assert cache_dir(str(qwen_dir), "nf4", "float32") == base
     weights = qwen_dir / "model.safetensors"
     st = weights.stat()
-    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # the checkpoint replaced
-    assert cache_dir(str(qwen_dir), "nf4", "float32") != base
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # touched, not changed
+    assert cache_dir(str(qwen_dir), "nf4", "float32") == base
+    _edit_json(qwen_dir / "generation_config.json", eos_token_id=[2, 7])  # the stop tokens' source
+    stops = cache_dir(str(qwen_dir), "nf4", "float32")
+    assert stops not in (base, edited)
+    (qwen_dir / "modeling_custom.py").write_text("# remote code the copy holds a copy of\n")
+    assert cache_dir(str(qwen_dir), "nf4", "float32") not in (base, edited, stops)
     assert cache_dir("Qwen/some-hub-id", "nf4", "float32") is None  # no local folder: not cached
+
+
+def test_another_checkpoint_copied_in_with_the_old_sizes_and_mtimes_is_quantised_afresh(
+        qwen_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`cp -p` of another checkpoint of the same shape (here: another seed) whose file has the old one's
+    mtime: the same size and mtime, other numbers. The stale copy must not be loaded."""
+    monkeypatch.setenv("LLMRL_CACHE_DIR", str(tmp_path / "cache"))
+    load_base(_nf4(qwen_dir), show_progress=False)
+    stale = cache_dir(str(qwen_dir), "nf4", "float32")
+    other = save_qwen2(tmp_path / "other", seed=1)
+    expected, _ = load_base(_nf4(other), show_progress=False)  # what quantising the new numbers gives
+    weights = qwen_dir / "model.safetensors"
+    before = weights.stat()
+    shutil.copyfile(other / "model.safetensors", weights)
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = weights.stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    model, _ = load_base(_nf4(qwen_dir), show_progress=False)
+    assert model.name_or_path == str(qwen_dir)  # quantised from the float checkpoint, not the stale copy
+    assert torch.equal(_logits(model), _logits(expected))
+    assert (stale / COMPLETE).is_file() and cache_dir(str(qwen_dir), "nf4", "float32") != stale
+
+
+def test_an_edited_generation_config_reaches_the_next_run(qwen_dir: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copy holds its own generation_config.json (the stop tokens llmrl reads): an edit of the float
+    folder's must reach the model of the next run."""
+    monkeypatch.setenv("LLMRL_CACHE_DIR", str(tmp_path / "cache"))
+    first, _ = load_base(_nf4(qwen_dir), show_progress=False)
+    assert first.generation_config.eos_token_id == 2
+    _edit_json(qwen_dir / "generation_config.json", eos_token_id=[2, 7])
+    again, _ = load_base(_nf4(qwen_dir), show_progress=False)
+    assert again.generation_config.eos_token_id == [2, 7]
+    third, _ = load_base(_nf4(qwen_dir), show_progress=False)  # and the copy written for it says so too
+    assert third.name_or_path != str(qwen_dir) and third.generation_config.eos_token_id == [2, 7]
+
+
+def test_a_killed_writers_temporary_folders_are_swept_by_the_next_writer(qwen_dir: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run killed while it wrote the copy leaves `.COPY.tmp-PID-HEX` (up to the copy's size); the next
+    run that writes the copy deletes it, as `llmrl models get` does its own (obtain.sweep). One of a
+    live process and folders of other names are kept."""
+    monkeypatch.setenv("LLMRL_CACHE_DIR", str(tmp_path / "cache"))
+    folder = cache_dir(str(qwen_dir), "nf4", "float32")
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # reaped: no process has its pid now (barring reuse within this test)
+    dead = folder.parent / f".{folder.name}.tmp-{gone.pid}-0123abcd"
+    kept = [folder.parent / f".{folder.name}.tmp-{os.getpid()}-0123abcd", folder.parent / f".other.tmp-{gone.pid}-0123abcd"]
+    for leftover in (dead, *kept):
+        leftover.mkdir(parents=True)
+        (leftover / "model.safetensors").write_bytes(b"\0" * 1000)  # cut short where the kill found it
+    load_base(_nf4(qwen_dir), show_progress=False)
+    assert (folder / COMPLETE).is_file() and not dead.exists()
+    assert all((f / "model.safetensors").is_file() for f in kept)
+
+
+def _no_free_file_descriptor() -> tuple[int, int]:
+    """Lower this process's open-file limit to its lowest free descriptor, so the next open fails with
+    EMFILE (a full file table); returns the limits to restore."""
+    limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+    used = {int(fd) for fd in os.listdir("/proc/self/fd")}
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(set(range(max(used) + 2)) - used), limits[1]))
+    return limits
+
+
+@pytest.mark.parametrize("failure", ["transformers refuses a setting", "the file table is full"])
+def test_a_failure_that_is_not_the_copys_is_raised_and_the_copy_kept(qwen_dir: Path, tmp_path: Path, failure: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMRL_CACHE_DIR", str(tmp_path / "cache"))
+    load_base(_nf4(qwen_dir), show_progress=False)
+    folder = quantized_cache.cached(str(qwen_dir), "nf4", "float32")
+    files = {f.name: f.read_bytes() for f in folder.iterdir()}
+    kwargs = {"dtype": torch.float32, "device_map": {"": "cpu"}}
+    if failure == "transformers refuses a setting":  # flash-attn is not installed: transformers raises ImportError
+        with pytest.raises(ImportError, match="FlashAttention2"):
+            quantized_cache.load(folder, attn_implementation="flash_attention_2", **kwargs)
+    else:
+        limits = _no_free_file_descriptor()
+        try:
+            with pytest.raises(Exception, match="Too many open files"):
+                quantized_cache.load(folder, **kwargs)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+    assert {f.name: f.read_bytes() for f in folder.iterdir()} == files  # whole, so kept as it was
+    model, _ = load_base(_nf4(qwen_dir), show_progress=False)
+    assert model.name_or_path == str(folder)
 
 
 def test_an_unwritable_cache_is_said_once_and_the_run_goes_on(qwen_dir: Path, tmp_path: Path,

