@@ -1,20 +1,23 @@
 """GGUF files → a cached plain safetensors copy, so a `.gguf` model loads fast the second time.
 
-transformers loads a `.gguf` file by de-quantising every tensor (about 15 s for a 135 M model on a
-2-core CPU) and marks the result as "quantised", which makes `save_pretrained` refuse it. The copy
-is therefore rebuilt as a plain model from the loaded model's config and state dict, saved as
-float32 safetensors with the tokenizer and generation config, and reused on every later load:
+The copy is float32 safetensors with the tokenizer (and chat template) and generation config, built once
+and reused on every later load:
 
     $LLMRL_CACHE_DIR (default ~/.cache/llmrl) / gguf / <file stem>-<12 hex of (size, mtime)>/
 
-The folder appears only through an atomic rename of a finished temporary folder.
+The weights are de-quantised one tensor at a time straight into `model.safetensors` (gguf_stream.py:
+the peak is about the largest tensor in float32, not the model twice), with transformers' own name
+map and permutations, so the file is what transformers' GGUF loading then `save_pretrained` writes.
+The few architectures transformers converts with its newer GGUF weight conversions are loaded whole
+instead: transformers marks such a model "quantised", which makes `save_pretrained` refuse it, so a
+plain model is rebuilt from its config and state dict and saved. The folder appears only through an
+atomic rename of a finished temporary folder.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import struct
 import uuid
 from pathlib import Path
 
@@ -23,6 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..config.cache import cache_root, cached_copy_dir  # noqa: F401  (re-exported: where a copy lives)
 from ..errors import ConfigError
+from .gguf_stream import meta_model, reading, streamable, write_config, write_weights
 
 
 def require_gguf() -> None:
@@ -54,26 +58,17 @@ def plain_copy(gguf: str | Path, out_dir: Path | None = None, trust_remote_code:
     require_gguf()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    kwargs = {"gguf_file": src.name, "trust_remote_code": trust_remote_code}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(src.parent), **kwargs)
-        loaded = AutoModelForCausalLM.from_pretrained(str(src.parent), dtype=torch.float32, **kwargs)
-    except Exception as exc:  # a file cut short or altered fails inside the gguf reader in many ways
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if isinstance(exc, (struct.error, EOFError)):  # the reader ran past the end of the file
-            first = f"the file is cut short or damaged ({first[:200]})"
-        elif not isinstance(exc, (OSError, ValueError)):
-            first = f"{type(exc).__name__}: {first}"
-        raise ConfigError(f"Cannot load model '{src}' as a causal LM: {first[:300]}") from None
-    try:
-        config = loaded.config
-        for attr in ("quantization_config", "_pre_quantization_dtype"):
-            if hasattr(config, attr):
-                delattr(config, attr)
-        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        plain.load_state_dict(loaded.state_dict())
-        plain.generation_config = loaded.generation_config
-        plain.save_pretrained(tmp, safe_serialization=True)
+        with reading(src):
+            tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name,
+                                                      trust_remote_code=trust_remote_code)
+        tmp.mkdir()
+        if streamable(src):
+            model = meta_model(src, trust_remote_code)
+            write_weights(src, model, tmp)
+            write_config(model, tmp)
+        else:
+            _loaded_whole(src, trust_remote_code).save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         try:
             os.rename(tmp, out)
@@ -83,3 +78,19 @@ def plain_copy(gguf: str | Path, out_dir: Path | None = None, trust_remote_code:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _loaded_whole(src: Path, trust_remote_code: bool) -> torch.nn.Module:
+    """`src` loaded whole by transformers and rebuilt as a plain float32 model (twice the model's
+    float32 size at the peak): for the architectures `streamable` leaves out."""
+    with reading(src):
+        loaded = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32,
+                                                      trust_remote_code=trust_remote_code)
+    config = loaded.config
+    for attr in ("quantization_config", "_pre_quantization_dtype"):
+        if hasattr(config, attr):
+            delattr(config, attr)
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=trust_remote_code)
+    plain.load_state_dict(loaded.state_dict())
+    plain.generation_config = loaded.generation_config
+    return plain
