@@ -16,6 +16,7 @@ from ..config.schema import ModelConfig
 from ..errors import ConfigError
 from . import obtain, quantized, quantized_cache
 from .attention import set_attention
+from .logit_head import check_head, probe_row
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -167,7 +168,8 @@ def check_causal(name: str, model: PreTrainedModel) -> None:
 
 
 def load_base(cfg: ModelConfig, show_progress: bool = True) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The frozen causal LM and its tokenizer (left padding, a pad token guaranteed)."""
+    """The frozen causal LM and its tokenizer (left padding, a pad token guaranteed), refused where llmrl's LM
+    head does not reproduce its own logits (models/logit_head.py)."""
     source, gguf = model_source(cfg, show_progress)
     device = resolve_device(cfg.device)
     dtype, four_bit = torch_dtype(cfg.dtype, cfg.device, cfg.name), cfg.quantize != quantized.NONE
@@ -203,4 +205,5 @@ def load_base(cfg: ModelConfig, show_progress: bool = True) -> tuple[PreTrainedM
     model.eval()
     model.requires_grad_(False)
     set_attention(model, cfg.attention)
+    check_head(cfg.name, model, probe_row(tokenizer, model.get_input_embeddings().num_embeddings))
     return model, tokenizer
