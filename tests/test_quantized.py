@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from torch import nn
+from torch.nn import functional as F
 
 from llmrl.config import load_config
 from llmrl.config.schema import LoraConfig, ModelConfig
@@ -23,7 +25,7 @@ from llmrl.engines.hf import hf_engine
 from llmrl.errors import ConfigError
 from llmrl.models.load import load_base
 from llmrl.models.merged import mergeable
-from llmrl.models.quantized import four_bit_layers, prepare, stored_size
+from llmrl.models.quantized import dequantize_weight, four_bit_layers, prepare, stored_size
 from llmrl.models.sequences import layout
 from llmrl.models.stack import PolicyStack
 from llmrl.run.memory import role_costs
@@ -71,7 +73,6 @@ def test_every_decoder_linear_layer_is_4_bit_and_the_head_stays_float(qwen_dir: 
     layers = four_bit_layers(base)
     assert len(layers) == 2 * len(PROJECTIONS)  # 2 decoder layers × 7 projections
     assert all(type(layer) is bnb.nn.Linear4bit and layer.weight.dtype == torch.uint8 for layer in layers)
-    assert all(layer.support_avx512bf16_for_cpu is False for layer in layers)  # one kernel for every call
     assert type(base.lm_head) is nn.Linear and base.lm_head.weight.dtype == torch.float32
     plain = make_qwen2()
     for name, layer in base.named_modules():
@@ -82,6 +83,26 @@ def test_every_decoder_linear_layer_is_4_bit_and_the_head_stays_float(qwen_dir: 
             # codes: two numbers a byte; scales: one uint8 absmax per block of 64 (double quant), plus the
             # second-level float32 scales and the two code tables (16 + 256 floats), under 2 KiB a layer
             assert out_f * in_f // 2 + out_f * in_f // 64 <= size < out_f * in_f // 2 + out_f * in_f // 64 + 2048
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_every_4_bit_layer_computes_dequantize_and_multiply_in_the_model_dtype(qwen_dir: Path, dtype: str) -> None:
+    """What bitsandbytes does with the setting `prepare` makes, not the setting: a no-grad call in eval
+    mode (where, on a CPU with avx512_bf16, bitsandbytes would pack the layer for its fused bfloat16
+    kernel) leaves the codes unpacked and returns exactly F.linear(x, deq(W_q), b) in `model.dtype`,
+    the same function a gradient call computes, whose gradient reaches x."""
+    base, _ = load_base(ModelConfig(name=str(qwen_dir), dtype=dtype, quantize="nf4"))
+    torch.manual_seed(0)
+    for layer in four_bit_layers(base):
+        x = torch.randn(5, layer.in_features, dtype=getattr(torch, dtype))
+        assert layer.compute_dtype == x.dtype and not layer.training
+        with torch.no_grad():
+            y = layer(x)
+        assert not getattr(layer.weight.quant_state, "packing_format_for_cpu", False)  # no packed layout made
+        assert y.dtype == x.dtype and torch.equal(y, F.linear(x, dequantize_weight(layer), layer.bias))
+        x.requires_grad_(True)
+        layer(x).sum().backward()  # dy/dx of Σ (x·deqᵀ + b) = 1·deq
+        torch.testing.assert_close(x.grad, torch.ones_like(y) @ dequantize_weight(layer))
 
 
 def test_memory_table_counts_the_base_in_4_bits(qwen_dir: Path) -> None:
@@ -208,6 +229,40 @@ def test_export_merges_into_the_dequantised_base_and_loads_in_plain_transformers
         exported = plain(ids).logits
     torch.testing.assert_close(exported, trained, atol=1e-4, rtol=0)
     assert (trained - reference).abs().max() > 1e-3  # the adapter trained: the comparison can fail
+
+
+def test_export_of_a_bfloat16_run_merges_into_the_runs_own_4_bit_copy(qwen_dir: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """model.dtype=bfloat16: the run quantised bfloat16 weights and multiplied by deq(W_q) in bfloat16. The
+    export merges into that very matrix, from the copy the run wrote (the cache holds no second copy):
+    W' = deq(W_q) + s·B·A in float32, up to float32's rounding of the sum (not bfloat16's, ~1e-3, which a
+    float32 quantisation of the float checkpoint would differ by). With the copy gone it quantises the
+    float checkpoint again and says so in one line. `--adapter-only` loads the run's copy too."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("LLMRL_CACHE_DIR", str(cache))  # the subprocesses inherit it
+    run, out = tmp_path / "run", tmp_path / "export"
+    train = _cli(qwen_dir, run, tmp_path, "--algo", "grpo", "--steps", "2", "--set", "rollout.prompts_per_step=2",
+                 "--set", "rollout.num_generations=4", "--set", "update.minibatch_size=8", "--set", "model.dtype=bfloat16")
+    code, _, err = cli_run(train[3:])  # in-process: `llmrl train …`
+    assert code == 0, err
+    copies = sorted(p.name for p in (cache / "quantized").iterdir())
+    code, _, err = cli_run(["export", str(run), "--out", str(out)])
+    assert code == 0 and "llmrl:" not in err, err
+    code, _, err = cli_run(["export", str(run), "--out", str(tmp_path / "adapter"), "--adapter-only"])
+    assert code == 0 and "llmrl:" not in err, err
+    assert sorted(p.name for p in (cache / "quantized").iterdir()) == copies  # no copy quantised afresh
+    base, _ = load_base(ModelConfig(name=str(qwen_dir), dtype="bfloat16", quantize="nf4"))
+    adapter = load_file(run / "adapters" / "actor" / "adapter_model.safetensors")
+    exported = load_file(out / "model.safetensors")
+    for name, layer in base.named_modules():
+        if isinstance(layer, bnb.nn.Linear4bit):
+            a, b = (adapter[f"base_model.model.{name}.lora_{x}.weight"].float() for x in "AB")
+            merged = dequantize_weight(layer).float() + (8 / 4) * (b @ a)  # lora.alpha / lora.r
+            torch.testing.assert_close(exported[f"{name}.weight"], merged, atol=1e-6, rtol=0)
+    shutil.rmtree(cache / "quantized")
+    code, _, err = cli_run(["export", str(run), "--out", str(tmp_path / "again")])
+    said = [line for line in err.splitlines() if line.startswith("llmrl:")]
+    assert code == 0 and len(said) == 1 and "no cached nf4 copy" in said[0], err
 
 
 def test_kill_9_then_resume_is_bit_identical_on_a_4_bit_base(qwen_dir: Path, tmp_path: Path) -> None:

@@ -32,8 +32,9 @@ each 4-bit layer's deq(W_q) — with the actor's s·B·A added where it has LoRA
 layer at a time, freed after (merged.py, packed.py). That is a float copy of the linear layers during
 the generate phase only (1.4 GB at 0.5B in float32, listed in the start-up table); both settings off
 keep generation on the 4-bit layers (what a GPU, where a 4-bit model is the point,
-always does: bitsandbytes' CUDA kernels read the codes). Export merges into deq(W_q), the weights
-the run trained on (`dequantized`).
+always does: bitsandbytes' CUDA kernels read the codes). Export merges into deq(W_q) of the base as
+the run loaded it (its own model.dtype, so its cached copy: run/actor.py), the matrices the run
+multiplied by (`dequantized`).
 """
 
 from __future__ import annotations

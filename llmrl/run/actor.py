@@ -8,6 +8,7 @@ under the stack's parameter names. `load_actor` reads whichever is newer into a 
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from ..config import Config, load_config
 from ..errors import LLMRLError
 from .folder import MARKER
 from ..models.load import DTYPES, load_base
+from ..models import quantized_cache
 from ..models.quantized import dequantized
 from ..models.stack import PolicyStack, of_adapter
 
@@ -108,19 +110,30 @@ def _load_adapter_actor(stack: PolicyStack, folder: Path) -> None:
 
 def load_actor(run_dir: Path, *, dtype: str | None = None, device: str | None = None,
                show_progress: bool = False, dequantize: bool = False) -> tuple[PolicyStack, PreTrainedTokenizerBase, Config]:
-    """(stack with the run's trained `actor` adapter, tokenizer, the run's config).
+    """(stack with the run's trained `actor` adapter, tokenizer, the run's config with the model as loaded).
 
     `dtype`/`device` override the run's `model.dtype`/`model.device` (e.g. float32 for an exact
-    merge of a run trained in bfloat16). `dequantize`: a run trained on a 4-bit base (model.quantize)
-    gets its base as plain linear layers holding deq(W_q), the weights it trained on, in `dtype`
-    (models/quantized.py), so the adapter merges into float weights, not back into 4-bit codes.
+    merge of a run trained in bfloat16). A run trained on a 4-bit base (model.quantize) gets that base
+    as it trained on it: quantised with products in the run's own model.dtype, so from the 4-bit copy
+    the run loaded or wrote where the cache still holds it (models/quantized_cache.py), whatever
+    `dtype` says. `dequantize` then replaces every 4-bit layer by a plain one holding deq(W_q), the
+    matrix the run multiplied by, and casts the whole base to `dtype` (models/quantized.py), so the
+    adapter merges into float weights, not back into 4-bit codes; where no cached copy was found (the
+    float checkpoint quantised again, on this device) it says so in one line on stderr.
     """
     config = run_config(run_dir)
-    model = replace(config.model, **{k: v for k, v in (("dtype", dtype), ("device", device)) if v})
+    wanted = replace(config.model, **{k: v for k, v in (("dtype", dtype), ("device", device)) if v})
+    four_bit = config.model.quantize != "none"
+    model = replace(wanted, dtype=config.model.dtype) if four_bit else wanted
     source = actor_source(run_dir)
     base, tokenizer = load_base(model, show_progress=show_progress)
-    if dequantize and model.quantize != "none":
-        base = dequantized(base, DTYPES[model.dtype] if model.dtype in DTYPES else torch.float32)
+    if dequantize and four_bit:
+        if quantized_cache.record(base) is None:
+            print(f"llmrl: no cached {model.quantize} copy of '{model.name}' ({model.dtype}) was found, so its float "
+                  f"checkpoint was quantised again on the {base.device.type}: the codes the run trained on only if it "
+                  f"quantised them there too (model.device: {config.model.device}).", file=sys.stderr)
+        target = DTYPES.get(wanted.dtype, torch.float32)
+        base, model = dequantized(base, target).to(target), wanted
     stack = PolicyStack(base, config.lora, with_critic=False)
     if source.kind == "adapter":
         _load_adapter_actor(stack, source.path)
