@@ -159,11 +159,12 @@ def test_a_killed_writers_temporary_folders_are_swept_by_the_next_writer(qwen_di
 
 
 def _no_free_file_descriptor() -> tuple[int, int]:
-    """Lower this process's open-file limit to its lowest free descriptor, so the next open fails with
-    EMFILE (a full file table); returns the limits to restore."""
+    """Lower this process's open-file limit to its lowest free descriptor (the one an open would get),
+    so every open fails with EMFILE (a full file table); returns the limits to restore."""
     limits = resource.getrlimit(resource.RLIMIT_NOFILE)
-    used = {int(fd) for fd in os.listdir("/proc/self/fd")}
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(set(range(max(used) + 2)) - used), limits[1]))
+    lowest = os.open(os.devnull, os.O_RDONLY)
+    os.close(lowest)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest, limits[1]))
     return limits
 
 
