@@ -28,14 +28,15 @@ import mmap
 import struct
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
 
 from ..errors import ConfigError
 
-CHUNK_BYTES = 16 << 20  # float32 bytes de-quantised at a time (gguf's own dequantize holds a tensor twice)
+CHUNK_BYTES = 4 << 20  # float32 bytes de-quantised at a time: gguf's dequantize holds its input several
+#                        times over in temporaries (and, whole, its output twice)
 WEIGHTS = "model.safetensors"
 
 
@@ -122,9 +123,10 @@ def header(shapes: dict[str, tuple[int, ...]]) -> tuple[bytes, dict[str, int]]:
     return struct.pack("<Q", len(text)) + text, {k: start + v for k, v in begins.items()}
 
 
-def dequantized(data: np.ndarray, qtype: object) -> np.ndarray:
+def dequantized(data: np.ndarray, qtype: object, done: Callable[[np.ndarray], None] = lambda rows: None) -> np.ndarray:
     """`gguf.dequantize(data, qtype)`, computed CHUNK_BYTES of output at a time into one float32 array
-    (rows of whole blocks: each chunk's values are the same as the whole tensor's)."""
+    (rows of whole blocks: each chunk's values are the same as the whole tensor's); `done(rows)` after
+    each chunk of `data`'s rows is read."""
     from gguf import dequantize
 
     rows = data.reshape(-1, data.shape[-1]) if data.ndim else data.reshape(1, 1)
@@ -134,6 +136,7 @@ def dequantized(data: np.ndarray, qtype: object) -> np.ndarray:
     step = max(1, CHUNK_BYTES // max(1, width * first.dtype.itemsize))
     for i in range(0, rows.shape[0], step):
         out[i : i + step] = dequantize(rows[i : i + step], qtype)
+        done(rows[i : i + step])
     return out.reshape(*data.shape[:-1], width)
 
 
@@ -154,6 +157,7 @@ def write_weights(src: Path, model: torch.nn.Module, folder: Path) -> Path:
         processor = kind(config=load_gguf_checkpoint(str(src), return_tensors=False)["config"]
                          if kind is not TensorProcessor else {})
         names = get_gguf_hf_weights_map(model, processor)
+        reader.fields.clear()  # the metadata's parsed parts (0.5 GB for a vocabulary of 151,936): read above
     side: dict[str, dict[str, torch.Tensor]] = {"tensors": {}}  # what a processor keeps aside (MoE experts)
     written: set[str] = set()
     path = folder / WEIGHTS
@@ -161,12 +165,13 @@ def write_weights(src: Path, model: torch.nn.Module, folder: Path) -> Path:
         out.write(head)
         for tensor in reader.tensors:
             with reading(src):
-                done = processor.process(weights=dequantized(tensor.data, tensor.tensor_type), name=tensor.name,
-                                         tensor_key_mapping=names, parsed_parameters=side)
+                weights = dequantized(tensor.data, tensor.tensor_type, lambda rows: _release(reader, rows))
+                done = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=names,
+                                         parsed_parameters=side)
+            del weights
             if done.name in names:
                 _put(out, names[done.name], done.weights, shapes, offsets, written, src)
             del done
-            _release(reader, tensor)
         for name, value in side["tensors"].items():
             _put(out, name, value.numpy(), shapes, offsets, written, src)
     del reader
@@ -177,15 +182,19 @@ def write_weights(src: Path, model: torch.nn.Module, folder: Path) -> Path:
     return path
 
 
-def _release(reader: object, tensor: object) -> None:
-    """Drop the tensor's pages of the memory-mapped file from this process (they stay in the page
-    cache): otherwise the whole file counts in its resident memory by the last tensor."""
-    mapped = getattr(getattr(reader, "data", None), "_mmap", None)  # numpy.memmap's mmap.mmap
+def _release(reader: object, rows: np.ndarray) -> None:
+    """Drop the pages of `rows` (a view of the memory-mapped file) from this process; they stay in the
+    page cache. Otherwise every page read counts in the resident memory until the file is closed."""
+    whole = getattr(reader, "data", None)
+    mapped = getattr(whole, "_mmap", None)  # numpy.memmap's mmap.mmap, from the file's first byte
     if mapped is None or not hasattr(mmap, "MADV_DONTNEED"):
         return
-    start = tensor.data_offset - tensor.data_offset % mmap.PAGESIZE
+    begin = rows.ctypes.data - whole.ctypes.data
+    if not 0 <= begin <= len(mapped) - rows.nbytes:
+        return
+    start = begin - begin % mmap.PAGESIZE
     try:
-        mapped.madvise(mmap.MADV_DONTNEED, start, tensor.data_offset + tensor.n_bytes - start)
+        mapped.madvise(mmap.MADV_DONTNEED, start, begin + rows.nbytes - start)
     except (OSError, ValueError):
         pass
 
