@@ -21,7 +21,7 @@ import yaml
 from ..errors import ConfigError
 from .domains import check_domain
 from . import precision
-from .model_defaults import defaults_for_model, device_kind
+from .model_defaults import default_minibatch, defaults_for_model, device_kind
 from .on_policy import exactly_on_policy, not_on_policy, on_policy_values
 from .schema import Config, ModelConfig
 
@@ -265,7 +265,8 @@ def load_config(
     sets: list[str] | None = None,
 ) -> Config:
     """The run's Config: defaults < algo preset < model defaults < recipe < overrides < `--set` items,
-    with a dtype 'auto' replaced by this hardware's fastest (config/precision.py).
+    with a dtype 'auto' replaced by this hardware's fastest (config/precision.py), and an
+    update.minibatch_size none of the user's layers sets following their rows per step (`default_minibatch`).
 
     `overrides` holds already-typed values (CLI flags, Python callers); `sets` holds raw
     'key=value' strings.
@@ -283,6 +284,9 @@ def load_config(
     own = defaults_for_model(str(model), device, grouped)
     merged = precision.resolve({**preset, **own, **user}, device_kind(device), ModelConfig.dtype, ModelConfig.name)
     config = build(merged)
+    if "update.minibatch_size" not in user:  # a default follows the rows the user asked for (model_defaults.py)
+        size = default_minibatch(config.rollout.prompts_per_step * config.rollout.num_generations, {**preset, **own})
+        config = dataclasses.replace(config, update=dataclasses.replace(config.update, minibatch_size=size))
     _check_consistency(config)
     return config
 

@@ -15,7 +15,8 @@ tokens, the recipe 20) and twice its 25 steps. On a GPU (`model.device` cuda, or
 present) the batch and the answers grow:
 
     rows per step R = B × G      CPU 32, GPU 128; G = 8 for a preset with groups (B = R / 8), else B = R, G = 1
-    update.minibatch_size        R / 2 (two optimizer steps per step)
+    update.minibatch_size        R / 2 (two optimizer steps per step; on a smaller step set by the user,
+                                 half of it: `default_minibatch`)
     rollout.max_new_tokens       CPU 32, GPU 256
     steps                        CPU 50, GPU 200
     threads (CPU only)           max(1, min(8, cores // 2))
@@ -33,7 +34,9 @@ a few dozen rows of a small model has little parallel work per matmul. Rows per 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Mapping
+
+from .schema import RolloutConfig, UpdateConfig
 
 TINY = "tiny"
 TINY_SHAPES = (64, 256, 21)
@@ -99,3 +102,16 @@ def defaults_for_model(name: str, device: str = "cpu", grouped: bool = False) ->
     if name in MODEL_DEFAULTS:
         return dict(MODEL_DEFAULTS[name])
     return real_model_defaults(device, grouped)
+
+
+def default_minibatch(rows: int, defaults: Mapping[str, Any]) -> int:
+    """update.minibatch_size where no recipe, flag or --set gives one, for a step of `rows` rows: the
+    defaults' own size M₀ (the schema's < the algorithm preset's < the model's), or, on a step smaller than
+    the R₀ rows the defaults make, as many minibatches of it as the defaults make of theirs, so that a
+    default never exceeds the rows a user asked for (only a size the user set is refused for that):
+
+        k = ⌈R₀ / M₀⌉,   M = min(M₀, ⌈rows / k⌉)       (k = 2 for every built-in default)"""
+    m0 = int(defaults.get("update.minibatch_size", UpdateConfig.minibatch_size))
+    r0 = (int(defaults.get("rollout.prompts_per_step", RolloutConfig.prompts_per_step))
+          * int(defaults.get("rollout.num_generations", RolloutConfig.num_generations)))
+    return m0 if rows >= r0 else min(m0, -(-rows // -(-r0 // m0)))
