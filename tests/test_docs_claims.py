@@ -4,7 +4,13 @@ claim is true. A new "yet" / "not built" sentence in docs/ or the README fails t
 listed (as a claim with its check, or as a sentence about a run's state, not the project's); building
 what a claim says is missing fails its check, until the docs say the new present.
 
-docs/history.md is the past by design and is not read."""
+docs/history.md is the past by design and is not read.
+
+Each check runs what its claim is about (issue 69, item 11): episodes under two processes are refused by
+the function that builds the run's environment; an environment named for verifiers or OpenEnv resolves to
+none; an episode batch played by the `hf` engine on the tiny model answers every episode's turn only
+after the whole turn decoded. The GPU and convention-probe claims are about what the repository holds
+(no GPU result, no probe result): their checks read bench/results, the thing those claims describe."""
 
 from __future__ import annotations
 
@@ -18,11 +24,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PATTERN = re.compile(r"\byet\b|\bnot built\b", re.IGNORECASE)
 
 
-def _code() -> str:
-    """Every line of llmrl/'s Python source."""
-    return "\n".join(p.read_text() for p in sorted((ROOT / "llmrl").rglob("*.py")))
-
-
 def _no_gpu_results() -> bool:
     """No result in bench/results came from a GPU (bench/gpu_table.sh writes results-vs-trl-*/roofline-* files
     whose `device` names CUDA; any file named for a GPU or CUDA counts too)."""
@@ -32,19 +33,77 @@ def _no_gpu_results() -> bool:
 
 
 def _episodes_refuse_several_processes() -> bool:
-    return "do not run with several processes yet" in _code()
+    """`episode_env`, which gives a run its environment, refuses the calc task's episodes in one of two
+    processes (and gives them in one)."""
+    from dataclasses import replace
+
+    from llmrl.config import load_config
+    from llmrl.errors import ConfigError
+    from llmrl.parallel.distributed import SINGLE
+    from llmrl.run.session import episode_env
+    from llmrl.tasks import TASKS
+
+    config = load_config(None, {}, ["task=calc"])
+    assert episode_env(config, TASKS["calc"]()) is not None
+    try:
+        episode_env(config, TASKS["calc"](), replace(SINGLE, world_size=2))
+    except ConfigError:
+        return True
+    return False
 
 
 def _no_env_adapters() -> bool:
-    """llmrl imports neither `verifiers` nor OpenEnv (`openenv`, `envs` of openenv-core) anywhere."""
-    return not re.search(r"^\s*(from|import)\s+(verifiers|openenv)\b", _code(), re.MULTILINE)
+    """An environment named for verifiers or OpenEnv, the way `ta:ENV_ID` names a TextArena game, is
+    refused (one sentence): no adapter resolves it."""
+    from llmrl.envs import resolve_env
+    from llmrl.errors import ConfigError
+
+    for name in ("verifiers:wordle", "vf:wordle", "openenv:echo_env", "oe:echo_env"):
+        try:
+            resolve_env(name)
+        except ConfigError:
+            continue
+        return False
+    return True
 
 
 def _turns_are_synchronous() -> bool:
-    """The `hf` engine's episode batch decodes turn by turn: every episode's turn is one `generate` call,
-    and `decode_idle_share` (what a continuous batch would save) is still what episodes log."""
-    turns = (ROOT / "llmrl" / "engines" / "hf_turns.py").read_text()
-    return "decode_idle_share" in _code() and "continuous" not in turns.lower()
+    """Three episodes of up to 3 turns on the tiny model through the `hf` engine, answers ending on 0-4 too
+    (so their lengths differ): every episode's turn t is answered by its environment before any episode's
+    turn t + 1 (the environment waits for the turn's longest answer), and `decode_idle_share` > 0 (the
+    finished rows' waiting, what a continuous batch would save)."""
+    import torch
+
+    from llmrl.config.schema import LoraConfig, RolloutConfig
+    from llmrl.engines.hf import HFEngine
+    from llmrl.envs import EnvSpec, EnvStep
+    from llmrl.models.stack import PolicyStack
+    from llmrl.models.tokenizer import build_char_tokenizer, stop_token_ids
+    from llmrl.step.episodes import episode_stats, generate_episodes
+    from tests.conftest import make_tiny_model
+
+    answered: list[int] = []  # the turn of each environment answer, in the order they came
+
+    class Counting:
+        def reset(self, row: dict, seed: int) -> list[dict]:
+            self.turn = 0
+            return [{"role": "user", "content": row["prompt"]}]
+
+        def step(self, text: str, calls: list) -> EnvStep:
+            answered.append(self.turn)
+            self.turn += 1
+            return EnvStep([{"role": "user", "content": "7"}], done=self.turn >= 3)
+
+    tok = build_char_tokenizer()
+    torch.manual_seed(0)
+    stop = stop_token_ids(tok, make_tiny_model()) + tok.convert_tokens_to_ids(list("01234"))
+    engine = HFEngine(PolicyStack(make_tiny_model(), LoraConfig(r=4), with_critic=False), stop, tok.pad_token_id)
+    cfg = RolloutConfig(max_new_tokens=4, max_turns=3, num_generations=1, temperature=1.0)
+    rows = [{"prompt": p} for p in ("12+3=", "4+56=", "7*8=")]
+    samples = generate_episodes(engine, tok, EnvSpec("counting", Counting), rows, torch.arange(3), cfg=cfg, seed=5,
+                                step=0, device=torch.device("cpu"), stop_ids=stop)
+    several = [turn for turn in set(answered) if answered.count(turn) > 1]  # turns that several episodes played
+    return answered == sorted(answered) and len(several) >= 2 and episode_stats(samples)["decode_idle_share"] > 0
 
 
 def _convention_probe_not_run() -> bool:
