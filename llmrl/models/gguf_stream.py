@@ -1,7 +1,7 @@
 """A .gguf file → one float32 `model.safetensors`, de-quantised one tensor at a time.
 
 Loading the whole GGUF model and saving it held every weight twice in float32 (the loaded model and
-the plain copy rebuilt from it: 14 GiB for the 1.78 B Qwen2.5-Coder-1.5B). Here the weights never
+the plain copy rebuilt from it: above 14 GiB for the 1.78 B Qwen2.5-Coder-1.5B). Here the weights never
 exist together:
 
     GGUF tensor i (memory-mapped by gguf.GGUFReader, Q4_K/Q6_K/Q8_0/F16/F32 … blocks)
