@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT=${OUT:-$(mktemp -d)}
 TOKENIZER=${TOKENIZER:-.gpu/tokenizer}
-ONLY=${ONLY:-model vs_trl trl_ppo reward_curve roofline scaling memory_settings quantized_phases setting_runs dtype_runs rg_screen rg_learning gpu_table}
+ONLY=${ONLY:-model vs_trl trl_ppo reward_curve roofline scaling memory_settings quantized_phases setting_runs commit_runs dtype_runs rg_screen rg_learning gpu_table}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 export PATH="$(dirname "$(command -v "$PY")"):$PATH"  # rg_screen.py runs `llmrl eval`
 mkdir -p "$OUT"
@@ -71,6 +71,7 @@ step quantized_phases "$PY" bench/quantized_phases.py --model "$MODEL" --tokens 
   --out "$OUT/quantized-phases.json"
 step setting_runs "$PY" bench/setting_runs.py --recipe "$OUT/tiny.yaml" --contender keep=engine.drop_finished=false \
   --contender drop=engine.drop_finished=true --root "$OUT/setting-runs" --out "$OUT/setting-runs.json"
+step commit_runs env PY="$PY" bash bench/commit_runs.sh "$OUT/commit-runs.tsv" 1 HEAD train --recipe "$OUT/tiny.yaml"
 step dtype_runs "$PY" bench/dtype_runs.py --recipe "$OUT/tiny.yaml" --seeds 0 --dtypes float32,bfloat16 --root "$OUT/dtype-runs" --out "$OUT/dtype-runs.json"
 step rg_screen "$PY" bench/rg_screen.py --model tiny --tasks leg_counting --size 4 --max-new-tokens 8 --out "$OUT/rg-screen.json"
 step rg_learning "$PY" bench/rg_learning.py --recipe "$OUT/tiny-rg.yaml" --runs "leg_counting:0" --root "$OUT/rg-runs" --out "$OUT/rg-learning.json"
