@@ -97,3 +97,18 @@ def test_optimizers_hold_only_adapter_and_head_parameters() -> None:
     head_ids = {id(p) for p in stack.value_head.parameters()}
     assert head_ids <= {id(p) for g in opts["critic"].param_groups for p in g["params"]}
     assert not head_ids & {id(p) for g in opts["actor"].param_groups for p in g["params"]}
+
+
+def test_modules_to_save_names_every_module_ending_with_the_entry() -> None:
+    """lora.modules_to_save=['norm'] trains both norms of every decoder layer and the final norm, for the actor
+    and the critic, whatever the installed peft's matching rule (peft 0.22 matches whole dotted components
+    only, so 'norm' alone would be `model.norm`: 1 module where the tiny Llama has 2 × 2 + 1 = 5)."""
+    from peft.utils import ModulesToSaveWrapper
+
+    stack = PolicyStack(make_tiny_model(), LoraConfig(r=4, alpha=8.0, modules_to_save=["norm"]), with_critic=True)
+    wrapped = sorted(n for n, m in stack.lm.named_modules() if isinstance(m, ModulesToSaveWrapper))
+    assert wrapped == ["model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm",
+                       "model.layers.1.input_layernorm", "model.layers.1.post_attention_layernorm", "model.norm"]
+    for name in wrapped:
+        adapters = set(dict(stack.lm.named_modules())[name].modules_to_save)
+        assert adapters == {"actor", "critic"}, (name, adapters)

@@ -47,17 +47,29 @@ from .top_layers import capture_layer_input, decoder_layers, from_layer, layer_i
 ROLES = ("actor", "critic", "reference")
 
 
-def lora_settings(cfg: LoraConfig) -> PeftLoraConfig:
-    """peft LoraConfig from llmrl's; 'all-linear' (every linear layer but the LM head) by default."""
+def lora_settings(cfg: LoraConfig, model: nn.Module) -> PeftLoraConfig:
+    """peft LoraConfig from llmrl's; 'all-linear' (every linear layer but the LM head) by default;
+    `lora.modules_to_save` by the full names of `model`'s modules (`saved_modules`)."""
     return PeftLoraConfig(
         r=cfg.r,
         lora_alpha=cfg.alpha,
         lora_dropout=cfg.dropout,
         target_modules=cfg.target_modules or "all-linear",
-        modules_to_save=cfg.modules_to_save,
+        modules_to_save=saved_modules(model, cfg.modules_to_save),
         bias="none",
         task_type="CAUSAL_LM",
     )
+
+
+def saved_modules(model: nn.Module, entries: list[str] | None) -> list[str] | None:
+    """The full names of `model`'s modules whose name ends with an entry of `lora.modules_to_save`
+    ('norm' → every `…input_layernorm`, `…post_attention_layernorm` and `model.norm`): llmrl's rule, which
+    peft ≤ 0.21 applied itself; peft 0.22 matches whole dotted components only ('norm' → `model.norm`
+    alone), so the names are resolved here and both read them alike. Wrapped modules' own parts
+    (`….modules_to_save.actor`, `….original_module`) end otherwise and are never named."""
+    if not entries:
+        return entries
+    return [n for n, _ in model.named_modules() if n and any(n.endswith(e) for e in entries)]
 
 
 def of_adapter(name: str, adapter: str) -> bool:
@@ -128,7 +140,7 @@ class PolicyStack(nn.Module):
         check_lora_targets(base, lora)
         self.tied = tied_embeddings(base)  # before peft wraps them
         try:
-            self.peft: PeftModel = get_peft_model(base, lora_settings(lora), adapter_name="actor")
+            self.peft: PeftModel = get_peft_model(base, lora_settings(lora, base), adapter_name="actor")
         except ValueError as exc:  # e.g. a target that is not a layer type LoRA supports (a norm)
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ConfigError(f"LoRA cannot adapt the model with lora.target_modules={lora.target_modules}: "
@@ -159,7 +171,7 @@ class PolicyStack(nn.Module):
     def _critic_settings(self, lora: LoraConfig) -> PeftLoraConfig:
         """The critic's peft settings: the actor's, restricted to the top k decoder layers when
         `lora.critic_layers` = k (the modules the actor adapts inside layers L−k … L−1, by full name)."""
-        settings = lora_settings(lora)
+        settings = lora_settings(lora, self.lm)
         k = lora.critic_layers
         if k is None:
             return settings
