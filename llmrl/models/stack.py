@@ -222,13 +222,22 @@ class PolicyStack(nn.Module):
             finally:
                 self._role = previous
             return
-        self.peft.set_adapter(role)
+        self._set_adapter(role)
         self._role = role
         try:
             yield
         finally:
-            self.peft.set_adapter(previous if previous != "reference" else "actor")
+            self._set_adapter(previous if previous != "reference" else "actor")
             self._role = previous
+
+    def _set_adapter(self, role: str) -> None:
+        """peft's set_adapter, every LoRA dropout module kept in its mode: peft 0.22 also sets the activated
+        adapter's submodules to the tuner layer's mode (eval here), which inside `dropout_active` would
+        silently turn the role's dropout off."""
+        modes = [d.training for d in self._dropouts]
+        self.peft.set_adapter(role)
+        for d, mode in zip(self._dropouts, modes):
+            d.train(mode)
 
     @contextmanager
     def dropout_active(self) -> Iterator[None]:
