@@ -21,6 +21,7 @@ LAYERS = [
     ["engines"],
     ["step"],
     ["run"],
+    ["reward_model"],
     ["compare", "export", "model_eval"],
     ["cli", "__main__", "__init__"],
 ]

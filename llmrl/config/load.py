@@ -44,28 +44,29 @@ def field_types(cls: type = Config, prefix: str = "") -> dict[str, tuple[Any, da
 
 
 @functools.cache
-def _sections() -> frozenset[str]:
-    """Config's section names (model, lora, …), resolved once: `get_type_hints` evaluates every
+def _sections(root: type = Config) -> frozenset[str]:
+    """The root's section names (model, lora, …), resolved once: `get_type_hints` evaluates every
     annotation anew, and `llmrl compare` flattens each run's config many times."""
-    hints = typing.get_type_hints(Config)
-    return frozenset(f.name for f in dataclasses.fields(Config) if _is_section(hints[f.name]))
+    hints = typing.get_type_hints(root)
+    return frozenset(f.name for f in dataclasses.fields(root) if _is_section(hints[f.name]))
 
 
-def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{'update': {'lr_actor': 1}} → {'update.lr_actor': 1}; sections are the keys of Config."""
-    sections = _sections()
+def flatten(tree: Mapping[str, Any], prefix: str = "", root: type = Config) -> dict[str, Any]:
+    """{'update': {'lr_actor': 1}} → {'update.lr_actor': 1}; sections are the keys of `root` (Config, or a
+    reward run's RewardRunConfig)."""
+    sections = _sections(root)
     flat: dict[str, Any] = {}
     for key, value in tree.items():
         path = f"{prefix}{key}"
         if isinstance(value, Mapping) and not prefix and key in sections:
-            flat.update(flatten(value, f"{path}."))
+            flat.update(flatten(value, f"{path}.", root))
         else:
             flat[path] = value
     return flat
 
 
-def _closest(key: str) -> str:
-    keys = list(field_types())
+def _closest(key: str, root: type = Config) -> str:
+    keys = list(field_types(root))
     match = difflib.get_close_matches(key, keys, n=1, cutoff=0.5)
     if not match:  # try the last component alone: `lr_actor` → `update.lr_actor`
         leaf = {k.rsplit(".", 1)[-1]: k for k in keys}
@@ -212,8 +213,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def read_recipe(path: str | Path) -> dict[str, Any]:
-    """A recipe file as a flat {dotted key: value} dict."""
+def read_recipe(path: str | Path, root: type = Config) -> dict[str, Any]:
+    """A recipe file as a flat {dotted key: value} dict of `root`'s settings."""
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"Recipe file '{p}' is a folder, not a YAML file.")
@@ -231,17 +232,17 @@ def read_recipe(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"Recipe file '{p}' is not valid YAML{where}.") from None
     if not isinstance(tree, dict):
         raise ConfigError(f"Recipe file '{p}' must hold a mapping of settings, not {type(tree).__name__}.")
-    return flatten(tree)
+    return flatten(tree, root=root)
 
 
-def build(flat: Mapping[str, Any]) -> Config:
-    """Validate a flat {dotted key: value} mapping and build the frozen Config."""
-    types_ = field_types()
+def build(flat: Mapping[str, Any], root: type = Config) -> Any:
+    """Validate a flat {dotted key: value} mapping and build the frozen `root` (Config by default)."""
+    types_ = field_types(root)
     sections: dict[str, dict[str, Any]] = {}
     top: dict[str, Any] = {}
     for key, value in flat.items():
         if key not in types_:
-            raise ConfigError(f"Unknown setting '{key}'{_closest(key)}")
+            raise ConfigError(f"Unknown setting '{key}'{_closest(key, root)}")
         tp, f = types_[key]
         if isinstance(value, bool) and "bool_words" in f.metadata:  # YAML's on/off/true/false → 'on'/'off'
             value = f.metadata["bool_words"][value]
@@ -253,10 +254,10 @@ def build(flat: Mapping[str, Any]) -> Config:
             sections.setdefault(head, {})[leaf] = value
         else:
             top[key] = value
-    hints = typing.get_type_hints(Config)
+    hints = typing.get_type_hints(root)
     for name, values in sections.items():
         top[name] = hints[name](**values)
-    return Config(**top)
+    return root(**top)
 
 
 def load_config(
