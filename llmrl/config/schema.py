@@ -80,10 +80,10 @@ class LoraConfig:
         "when β > 0, else a no-grad base forward) and its backward stops there: the critic costs about k/L of a full "
         "one; null: every layer (ignored without a critic)", min=1,
     )
-    critic_shortcut: bool = opt(
-        True, "with lora.critic_layers: run the critic from the base's hidden state at layer L−k (false: a full "
-        "forward and backward through all layers, same values up to float rounding; for checks)"
-    )
+    critic_shortcut: bool = opt(True, "with lora.critic_layers: run the critic from the base's hidden state at layer L−k "
+                                "(false: a full forward and backward through all layers, same values up to float rounding; for checks)")
+    critic_from_reward: bool = opt(False, "start the critic's adapter and value head from the reward run in reward.functions "
+                                   "on the actor's base (InstructGPT, DeepSpeed-Chat): its rank and target modules")
 
 
 @dataclass(frozen=True)

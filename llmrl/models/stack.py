@@ -5,6 +5,7 @@
 | actor     | base + LoRA adapter `actor`                  | `stack.use("actor")` |
 | critic    | base + LoRA adapter `critic` + value head    | `stack.use("critic")` |
 | reference | the base itself, adapters disabled           | `stack.use("reference")` |
+| reward    | base + LoRA adapter `reward` + score head, never trained (scorer.py) | `stack.use("reward")` |
 
 peft injects both adapters into the same base modules, so exactly one copy of the base weights
 exists. `set_adapter` also decides which adapter is trainable, so the actor and the critic are
@@ -22,6 +23,7 @@ e.g. norms) are float32 master weights, like peft's LoRA weights (masters.py).
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Iterator
 
 import torch
@@ -41,10 +43,11 @@ from .decoding import wide
 from .logit_head import model_head
 from .logprobs import CHUNK_MIB, at_least_float32, chunk_positions, tempered, token_stats
 from .masters import float32_masters, release
+from .scorer import SavedReward, reward_role, start_critic
 from .prefix import PromptGroups, common_prefix, distinct_prompts, shared_prefix_hidden
 from .top_layers import capture_layer_input, decoder_layers, from_layer, layer_input
 
-ROLES = ("actor", "critic", "reference")
+ROLES = ("actor", "critic", "reference", "reward")
 
 
 def lora_settings(cfg: LoraConfig, model: nn.Module) -> PeftLoraConfig:
@@ -126,7 +129,8 @@ class PolicyStack(nn.Module):
 
     def __init__(self, base: PreTrainedModel, lora: LoraConfig, with_critic: bool, share_prompts: bool = True,
                  logits_chunk_mib: float = CHUNK_MIB, activation_checkpointing: bool = False,
-                 length_buckets: bool = False) -> None:
+                 length_buckets: bool = False, reward: SavedReward | None = None,
+                 critic_from: SavedReward | None = None) -> None:
         super().__init__()
         self.share_prompts = share_prompts
         self.length_buckets = length_buckets  # rows run in groups of like length (buckets.py)
@@ -153,11 +157,14 @@ class PolicyStack(nn.Module):
         self._keep: list[Tensor] | None = None  # see `keeping_base`
         self._merged = False  # the actor's LoRA is merged into the base weights now (models/merged.py)
         if with_critic:
-            self.peft.add_adapter("critic", self._critic_settings(lora))
+            self.peft.add_adapter("critic", self._critic_settings(lora, critic_from))
             hidden = base.config.get_text_config().hidden_size
             self.value_head = nn.Linear(hidden, 1, dtype=at_least_float32(base.dtype), device=base.device)
             nn.init.zeros_(self.value_head.bias)
             nn.init.zeros_(self.value_head.weight)  # V ≡ 0 at the start: no random baseline noise
+            if critic_from is not None:  # InstructGPT's critic: the reward model's adapter and head (scorer.py)
+                start_critic(self.peft, self.value_head, critic_from)
+        self.reward_head = reward_role(self.peft, reward) if reward is not None else None
         self.peft.set_adapter("actor")
         self._role = "actor"
         if activation_checkpointing:
@@ -168,9 +175,12 @@ class PolicyStack(nn.Module):
                           for d in layer.lora_dropout.values() if isinstance(d, nn.Dropout)]
         self.eval()
 
-    def _critic_settings(self, lora: LoraConfig) -> PeftLoraConfig:
+    def _critic_settings(self, lora: LoraConfig, critic_from: SavedReward | None = None) -> PeftLoraConfig:
         """The critic's peft settings: the actor's, restricted to the top k decoder layers when
-        `lora.critic_layers` = k (the modules the actor adapts inside layers L−k … L−1, by full name)."""
+        `lora.critic_layers` = k (the modules the actor adapts inside layers L−k … L−1, by full name); the
+        reward adapter's (rank, targets) with `lora.dropout` when it starts from one."""
+        if critic_from is not None:
+            return replace(critic_from.settings, lora_dropout=lora.dropout)
         settings = lora_settings(lora, self.lm)
         k = lora.critic_layers
         if k is None:
@@ -210,8 +220,8 @@ class PolicyStack(nn.Module):
 
     @contextmanager
     def use(self, role: str) -> Iterator[None]:
-        """Run the body as `role`: 'actor', 'critic' or 'reference' (adapters disabled)."""
-        if role not in ROLES or (role == "critic" and not self.has_critic):
+        """Run the body as `role`: 'actor', 'critic', 'reference' (adapters disabled) or 'reward'."""
+        if role not in ROLES or (role == "critic" and not self.has_critic) or (role == "reward" and self.reward_head is None):
             raise ValueError(f"unknown or unavailable role '{role}'")
         previous = self._role
         if role == "reference":

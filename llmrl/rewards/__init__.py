@@ -103,9 +103,11 @@ def _resolve_entry(spec: dict[str, Any], columns: set[str], source: str, device:
     if model is not None:
         if options:
             raise ConfigError(f"Reward model '{model}' takes no options; got {', '.join(options)}.")
+        from .adapter import AdapterReward, adapter_folder
         from .model import RewardModel
 
-        rm = RewardModel(model, device, dtype, batch_size, trust_remote_code)
+        rm: Any = (AdapterReward(model, batch_size) if adapter_folder(model) is not None
+                   else RewardModel(model, device, dtype, batch_size, trust_remote_code))
         return str(spec.get("label") or f"model:{Path(model).name}"), rm, float(weight)
     fn = resolve_function(name)
     check_options(name, fn, options)

@@ -51,6 +51,9 @@ def check_run_config(path: Path) -> None:
         tree = yaml.safe_load((path / MARKER).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return
+    if isinstance(tree, dict) and {"pairs", "rm"} <= tree.keys():  # config/reward_run.py's sections
+        raise LLMRLError(f"'{path}' is a reward run (llmrl reward train), not an RL run; resume it with "
+                         f"`llmrl reward train --resume {path}`, or use it as a reward with --reward {path}.")
     lost = [k for k in RESUME_KEYS if not isinstance(tree, dict) or k not in tree]
     named = not lost and isinstance(tree["model"], dict) and isinstance(tree["model"].get("name"), str)
     lost = lost or ([] if named else ["model.name"])

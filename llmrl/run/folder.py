@@ -35,10 +35,12 @@ from ..rewards.builtin import BUILTINS
 
 MARKER = "config.yaml"
 RUN_PARTS = ("adapters", "checkpoints", "tensorboard", "value_head.safetensors", MARKER, "metrics.jsonl",
-             "summary.json", "completions.jsonl", "curves.png", "error.log")  # every entry a run can hold (README)
+             "summary.json", "completions.jsonl", "curves.png", "error.log",
+             "adapter", "reward.json")  # every entry a run (or a reward run, reward_model/folder.py) can hold (README)
 LOCK = ".lock"
 OWN = (*RUN_PARTS, "wandb", ".wandb-id", LOCK)  # everything llmrl writes into a run folder
 CONFIG_KEYS = {"algo", "model", "rollout", "update"}  # top-level keys every stored config.yaml has
+REWARD_KEYS = {"model", "pairs", "rm"}  # … and every reward run's (config/reward_run.py)
 
 
 def file_mode() -> int:
@@ -113,7 +115,7 @@ def _llmrl_config(path: Path) -> bool:
         tree = yaml.safe_load((path / MARKER).read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return False
-    return isinstance(tree, dict) and CONFIG_KEYS <= tree.keys()
+    return isinstance(tree, dict) and (CONFIG_KEYS <= tree.keys() or REWARD_KEYS <= tree.keys())
 
 
 def check_reusable(path: Path) -> None:
@@ -229,11 +231,14 @@ def absolute_paths(tree: dict[str, Any]) -> dict[str, Any]:
     """The config tree with every setting that names an existing local path (model, dataset, eval
     dataset, reward file or reward-model folder) made absolute, so --resume and eval work from any
     folder; hub ids, built-in names and 'module:function' stay as given."""
-    model, data = dict(tree["model"]), dict(tree["data"])
+    model, section = dict(tree["model"]), "data" if "data" in tree else "pairs"  # a reward run's data: `pairs`
+    data = dict(tree[section])
     if model["name"] not in BUILTIN_MODELS:
         model["name"] = _absolute(model["name"])
     for key in ("dataset", "eval_dataset"):
         data[key] = _absolute(data[key]) if data.get(key) else data.get(key)
+    if "reward" not in tree:
+        return {**tree, "model": model, section: data}
     reward = dict(tree["reward"])
     if reward.get("functions"):
         reward["functions"] = [_absolute_reward(f) for f in reward["functions"]]
@@ -307,8 +312,9 @@ class RunFolder:
             kept = [line for line in rows if _step_of(line) <= steps]
             atomic_write(f, "".join(line + "\n" for line in kept))
 
-    def write_config(self, config: Config) -> None:
-        """RUN/config.yaml, with local paths made absolute (`absolute_paths`)."""
+    def write_config(self, config: Any) -> None:
+        """RUN/config.yaml (a Config, or a reward run's RewardRunConfig), with local paths made absolute
+        (`absolute_paths`)."""
         atomic_write(self.path / MARKER, yaml.safe_dump(absolute_paths(to_tree(config)), sort_keys=False))
 
     def _append(self, name: str, lines: list[str]) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models.quantized import stored_size
-from ..models.stack import PolicyStack
+from ..models.stack import PolicyStack, of_adapter
 
 ADAMW_STATES = 2  # exp_avg and exp_avg_sq, one float32 each per trainable parameter
 
@@ -32,8 +32,10 @@ def role_costs(stack: PolicyStack) -> list[RoleCost]:
     """Base (shared by all roles), each adapter, the value head and the AdamW state they need."""
     adapter_ids = {id(p) for role in ("actor", "critic") if role != "critic" or stack.has_critic
                    for p in stack.parameters_of(role)}
+    reward = [p for n, p in stack.peft.named_parameters() if of_adapter(n, "reward")]
+    adapter_ids |= {id(p) for p in reward}
     base = [p for p in stack.peft.parameters() if id(p) not in adapter_ids]
-    roles = "actor, critic, reference" if stack.has_critic else "actor, reference"
+    roles = ("actor, critic, reference" if stack.has_critic else "actor, reference") + (", reward" if reward else "")
     rows = [RoleCost(f"base (frozen, shared by {roles})", *_size(base))]
     rows.append(RoleCost("actor LoRA adapter", *_size(stack.parameters_of("actor"))))
     trainable = _size(stack.parameters_of("actor"))[0]
@@ -44,6 +46,8 @@ def role_costs(stack: PolicyStack) -> list[RoleCost]:
         rows.append(RoleCost("value head", *_size(head)))
         trainable += _size(stack.parameters_of("critic"))[0]
     rows.append(RoleCost("reference (base, adapters off)", 0, 0))
+    if stack.reward_head is not None:  # the fourth role: frozen, no optimizer state (models/scorer.py)
+        rows.append(RoleCost("reward LoRA adapter + score head (frozen)", *_size(reward + [stack.reward_head.weight])))
     rows.append(RoleCost("AdamW state", ADAMW_STATES * trainable, ADAMW_STATES * trainable * 4))
     return rows
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -41,6 +42,7 @@ from .memory import engine_costs, role_costs
 from .preflight import check_memory, check_sizes, process_memory
 from .update_fit import fit_update, measure_fit
 from .reporting import Reporter
+from .reward_role import bind_rewards, critic_start, shared_reward
 
 
 @dataclass(frozen=True)
@@ -138,10 +140,15 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
     check_step_rows(config.rollout.prompts_per_step, len(task.train))
     apply_chat_setting(tokenizer, config.data.chat_template, config.model.name, config.data.system_prompt)
     seed_everything(config.seed)
+    shared = shared_reward(task, config)  # a reward run on this base: the fourth role (run/reward_role.py)
     stack = PolicyStack(base, config.lora, with_critic=spec.needs.critic, share_prompts=config.model.share_prompts,
                         logits_chunk_mib=config.model.logits_chunk_mib,
                         activation_checkpointing=config.update.activation_checkpointing,
-                        length_buckets=config.model.length_buckets and not config.dist.shard_base)
+                        length_buckets=config.model.length_buckets and not config.dist.shard_base,
+                        reward=shared.saved if shared else None,
+                        critic_from=critic_start(task, config, shared) if spec.needs.critic else None)
+    bind_rewards(task, config, stack, tokenizer, shared, lambda line: dist.main_only(
+        lambda: print(f"llmrl: {line}", file=sys.stderr)))
     dist.broadcast_parameters([p for role in stack.trainable_roles() for p in stack.parameters_of(role)])
     if config.dist.shard_base:
         from ..parallel.fsdp import shard_base  # late: only runs that ask for it

@@ -260,7 +260,13 @@ def _task_from_config(config: "Config") -> Task:
     reward = build_reward(config.reward.functions, columns=columns(task.train or task.eval), source=source,
                           device=resolve_device(config.model.device), dtype=dtype,
                           batch_size=config.reward.batch_size, trust_remote_code=config.model.trust_remote_code)
-    return replace(task, reward=reward, success=config.reward.success)
+    if config.data.dataset:
+        return replace(task, reward=reward, success=config.reward.success)
+    # a built-in task's own verifier stays an evaluation metric: the gold beside a learned (proxy) reward
+    from .mixture import reached
+
+    gold = {"gold_accuracy": reached(task.reward, task.success)}
+    return replace(task, reward=reward, success=config.reward.success, metrics={**task.metrics, **gold})
 
 
 def _no_reward(prompts: Sequence[Any], completions: Sequence[str], **columns: Any) -> list[float]:

@@ -1,0 +1,226 @@
+"""A reward model on the run's base: a LoRA adapter `reward` and a score head, r(x, y) ∈ ℝ.
+
+    r(x, y) = w · h_ℓ        h = decoder(ids)  (N, L, H),  ℓ = the rightmost token that is not padding,
+                             w ∈ ℝ^{1×H} the score head (no bias)
+
+ℓ is transformers' rule for every `…ForSequenceClassification` (`(arange(L) · (ids ≠ pad)).argmax(-1)`), so
+a merged export scores as llmrl does (export/reward.py). The same code serves a reward run, where the
+adapter is the one trainable thing (`RewardScorer`), and an RL run, where it is the stack's fourth role
+(`PolicyStack.add_reward`): scored under no_grad with the adapters switched, never updated.
+
+On disk the adapter is peft's own SEQ_CLS format (`save_reward_adapter`, `read_reward_adapter`): plain peft
+loads it onto `AutoModelForSequenceClassification`, and a LoRA reward model trained by TRL's `RewardTrainer`
+reads back the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+from peft import LoraConfig as PeftLoraConfig
+from peft import PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from ..config.schema import LoraConfig
+from ..errors import ConfigError
+from .logprobs import at_least_float32
+
+ADAPTER = "reward"
+HEAD_KEY = "base_model.model.score.weight"  # peft's name for a SEQ_CLS model's `score` (modules_to_save)
+SEQ_CLS_SAVED = ("score", "classifier")  # what peft adds to a SEQ_CLS adapter's modules_to_save
+
+
+def last_token(ids: Tensor, pad_id: int | None) -> Tensor:
+    """(N,) the index of each row's rightmost token that is not `pad_id` (transformers' rule; L−1 without
+    a pad token, 0 for a row of padding only). ids: (N, L)."""
+    if pad_id is None:
+        return torch.full((ids.shape[0],), ids.shape[1] - 1, dtype=torch.long, device=ids.device)
+    positions = torch.arange(ids.shape[1], device=ids.device)
+    return (positions * (ids != pad_id)).argmax(-1)
+
+
+def score_head(hidden: int, dtype: torch.dtype, device: torch.device, std: float, seed: int) -> nn.Linear:
+    """w: Linear(H → 1, no bias), at least float32 (a master copy on a half-precision base), drawn
+    N(0, std²) as transformers initialises `score` (std: the config's initializer_range)."""
+    head = nn.Linear(hidden, 1, bias=False, dtype=at_least_float32(dtype), device=device)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(head.weight.shape, generator=torch.Generator().manual_seed(seed)) * std)
+    return head
+
+
+def scores(decoder: nn.Module, head: nn.Linear, ids: Tensor, attention: Tensor, pad_id: int | None) -> Tensor:
+    """r for each row of a right-padded batch: (N, L) ids and mask → (N,) float32."""
+    h = decoder(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
+    last = h[torch.arange(h.shape[0], device=h.device), last_token(ids, pad_id)]
+    return head(last.to(head.weight.dtype)).squeeze(-1).float()
+
+
+def tokenized(tokenizer: Any, texts: Sequence[str], device: torch.device) -> tuple[Tensor, Tensor]:
+    """Right-padded ids and mask (N, L) of `texts`, never truncated (the caller checks the lengths)."""
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "right"
+    try:
+        enc = tokenizer(list(texts), return_tensors="pt", padding=True)
+    finally:
+        tokenizer.padding_side = side
+    return enc["input_ids"].to(device), enc["attention_mask"].to(device)
+
+
+def reward_settings(cfg: LoraConfig, model: nn.Module) -> PeftLoraConfig:
+    """The reward adapter's peft settings from llmrl's `lora` section (models/stack.lora_settings' rule)."""
+    from .stack import lora_settings  # late: stack imports this module
+
+    return lora_settings(cfg, model)
+
+
+@dataclass(frozen=True)
+class SavedReward:
+    """A reward adapter read from disk: its peft settings (as a causal-LM adapter, to be added to a base's
+    PeftModel), its LoRA (and modules_to_save) tensors by peft's saved names, and the score head (1, H)."""
+
+    settings: PeftLoraConfig
+    weights: dict[str, Tensor]
+    head: Tensor
+    base: str | None  # adapter_config's base_model_name_or_path
+
+
+def read_reward_adapter(folder: Path) -> SavedReward:
+    """`folder`'s adapter_config.json (task_type SEQ_CLS) and adapter_model.safetensors; a ConfigError in one
+    sentence for anything else."""
+    cfg_path, weights_path = folder / "adapter_config.json", folder / "adapter_model.safetensors"
+    if not cfg_path.is_file() or not weights_path.is_file():
+        raise ConfigError(f"Reward adapter '{folder}' has no adapter_config.json and adapter_model.safetensors.")
+    try:
+        raw = json.loads(cfg_path.read_text())
+        weights = load_file(str(weights_path))
+    except Exception as exc:  # json, safetensors: a damaged file
+        raise ConfigError(f"Reward adapter '{folder}' cannot be read: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}.") from None
+    if raw.get("peft_type") != "LORA" or raw.get("task_type") != "SEQ_CLS":
+        raise ConfigError(f"Reward adapter '{folder}' is not a LoRA sequence classifier (peft_type "
+                          f"{raw.get('peft_type')}, task_type {raw.get('task_type')}).")
+    head = weights.pop(HEAD_KEY, None)
+    if head is None or head.ndim != 2 or head.shape[0] != 1:
+        raise ConfigError(f"Reward adapter '{folder}' has no score head of one label ('{HEAD_KEY}').")
+    saved = [m for m in raw.get("modules_to_save") or [] if m not in SEQ_CLS_SAVED]
+    settings = PeftLoraConfig(r=raw["r"], lora_alpha=raw["lora_alpha"], lora_dropout=0.0,
+                              target_modules=raw["target_modules"], modules_to_save=saved or None,
+                              bias=raw.get("bias", "none"), use_rslora=raw.get("use_rslora", False),
+                              task_type="CAUSAL_LM")
+    return SavedReward(settings, weights, head, raw.get("base_model_name_or_path"))
+
+
+def add_reward_adapter(peft: PeftModel, saved: SavedReward) -> None:
+    """Add `saved` as adapter `reward` to a causal LM's PeftModel (the RL stack's) and load its tensors."""
+    peft.add_adapter(ADAPTER, saved.settings)
+    load_reward_weights(peft, saved)
+
+
+def load_reward_weights(peft: PeftModel, saved: SavedReward, adapter: str = ADAPTER) -> None:
+    """Load `saved`'s tensors into `adapter` of `peft`; every tensor of the file must land (a name that
+    matches no module means another architecture: refused)."""
+    result = set_peft_model_state_dict(peft, dict(saved.weights), adapter_name=adapter)
+    unexpected = [k for k in getattr(result, "unexpected_keys", []) if adapter in k or "lora_" in k]
+    missing = [k for k in getattr(result, "missing_keys", []) if f".{adapter}." in k or k.endswith(f".{adapter}")]
+    if unexpected or missing:
+        first = (unexpected or missing)[0]
+        raise ConfigError(f"The reward adapter does not fit this base: its tensor '{first}' has no place in it.")
+
+
+def save_reward_adapter(folder: Path, peft: PeftModel, head: nn.Linear, base: str | None) -> None:
+    """Write adapter `reward` of `peft` and `head` in peft's SEQ_CLS format (see the module docstring)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    state = get_peft_model_state_dict(peft, adapter_name=ADAPTER)
+    state = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+    state[HEAD_KEY] = head.weight.detach().cpu().contiguous()
+    save_file(state, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    settings = peft.peft_config[ADAPTER].to_dict()
+    settings.update(task_type="SEQ_CLS", base_model_name_or_path=base, inference_mode=True,
+                    modules_to_save=sorted(set(settings.get("modules_to_save") or []) | {"score"}))
+    settings["target_modules"] = sorted(settings["target_modules"]) if isinstance(settings["target_modules"], (set, list)) else settings["target_modules"]
+    (folder / "adapter_config.json").write_text(json.dumps(settings, indent=2, sort_keys=True, default=str))
+
+
+class RewardScorer(nn.Module):
+    """A reward run's model: the frozen base with adapter `reward` (trainable) and the score head.
+    `trainable_roles`/`parameters_of` as PolicyStack's, so run/checkpoint.py saves and restores it."""
+
+    def __init__(self, base: nn.Module, lora: LoraConfig, seed: int, saved: SavedReward | None = None) -> None:
+        super().__init__()
+        for p in base.parameters():
+            p.requires_grad_(False)
+        cfg = base.config.get_text_config()
+        settings = reward_settings(lora, base) if saved is None else saved.settings
+        self.peft = get_peft_model(base, settings, adapter_name=ADAPTER)
+        self.head = score_head(cfg.hidden_size, base.dtype, base.device, getattr(cfg, "initializer_range", 0.02), seed)
+        if saved is not None:  # a reward run's adapter scored, or a training resumed from its files
+            load_reward_weights(self.peft, saved)
+            with torch.no_grad():
+                self.head.weight.copy_(saved.head)
+        self._dropouts = [m for m in self.peft.modules() if isinstance(m, nn.Dropout)]
+        self.eval()
+
+    @contextmanager
+    def dropout_active(self) -> Iterator[None]:
+        """LoRA dropout on in the body (the update's forwards); everything else runs in eval mode."""
+        for d in self._dropouts:
+            d.train()
+        try:
+            yield
+        finally:
+            for d in self._dropouts:
+                d.eval()
+
+    def trainable_roles(self) -> list[str]:
+        return [ADAPTER]
+
+    def parameters_of(self, role: str) -> list[nn.Parameter]:
+        from .stack import of_adapter
+
+        return [p for n, p in self.peft.named_parameters() if of_adapter(n, ADAPTER)] + list(self.head.parameters())
+
+    def forward(self, ids: Tensor, attention: Tensor, pad_id: int | None) -> Tensor:
+        """(N, L) → (N,) scores through the adapter."""
+        return scores(self.peft.base_model.model.get_decoder(), self.head, ids, attention, pad_id)
+
+
+def reward_role(peft: PeftModel, saved: SavedReward) -> nn.Linear:
+    """The RL stack's fourth role: `saved` added to the stack's PeftModel as adapter `reward` (frozen), and its
+    score head, at least float32 and frozen, returned."""
+    add_reward_adapter(peft, saved)
+    for name, p in peft.named_parameters():
+        if ADAPTER in name.split("."):
+            p.requires_grad_(False)
+    base = peft.base_model.model
+    head = score_head(saved.head.shape[1], base.dtype, base.device, 0.0, 0)
+    with torch.no_grad():
+        head.weight.copy_(saved.head)
+    return head.requires_grad_(False)
+
+
+def start_critic(peft: PeftModel, value_head: nn.Linear, saved: SavedReward) -> None:
+    """The critic's adapter (made with `saved`'s settings) and value head start as the reward model's:
+    V(s_t) = w·h_t with the reward adapter's h, bias 0 (InstructGPT, DeepSpeed-Chat)."""
+    load_reward_weights(peft, saved, adapter="critic")
+    with torch.no_grad():
+        value_head.weight.copy_(saved.head)
+        value_head.bias.zero_()
+
+
+@torch.no_grad()
+def stack_scores(stack: Any, tokenizer: Any, texts: Sequence[str], batch_size: int) -> list[float]:
+    """r(x, y) of each text through the stack's `reward` role (no_grad, adapters switched), `batch_size`
+    texts per forward, right-padded."""
+    out: list[float] = []
+    device = stack.reward_head.weight.device
+    with stack.use("reward"):
+        decoder = stack.lm.get_decoder()
+        for start in range(0, len(texts), batch_size):
+            ids, mask = tokenized(tokenizer, texts[start:start + batch_size], device)
+            out += scores(decoder, stack.reward_head, ids, mask, tokenizer.pad_token_id).tolist()
+    return out

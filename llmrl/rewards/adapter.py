@@ -1,0 +1,112 @@
+"""A reward model given as a LoRA adapter: an llmrl reward run (`llmrl reward train`, RUN/reward.json +
+RUN/adapter) or a peft SEQ_CLS adapter folder trained elsewhere (TRL's `RewardTrainer` with a LoRA config).
+
+Where its base is the model the run trains, the run puts it on the one loaded base as a fourth role
+(models/stack.py, `reward`: scored under no_grad with the adapters switched, never updated;
+run/reward_role.py binds it). Elsewhere it is a separate classifier: the base loaded as
+`AutoModelForSequenceClassification`, the adapter merged into it (`separate`). Either way it reads the text
+`RewardModel.text` reads and scores r = w·h at the last non-pad token (models/scorer.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..config.schema import ModelConfig
+from ..errors import ConfigError
+from ..models.scorer import SavedReward, read_reward_adapter
+
+Scores = Callable[[Sequence[str]], list[float]]  # texts → r per text
+
+
+def adapter_folder(source: str) -> Path | None:
+    """The adapter folder `source` names (RUN/adapter of a reward run, or `source` itself when it holds a peft
+    SEQ_CLS adapter); None for anything else (a plain classifier folder, a hub id)."""
+    path = Path(source).expanduser()
+    if (path / "reward.json").is_file():
+        return path / "adapter"
+    try:
+        raw = json.loads((path / "adapter_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return path if isinstance(raw, dict) and raw.get("task_type") == "SEQ_CLS" else None
+
+
+class AdapterReward:
+    """Callable `rm(prompts, completions, **columns) -> list[float]` over a reward adapter, scored where
+    `bind` says (the shared base, or a separate classifier)."""
+
+    def __init__(self, source: str, batch_size: int = 16) -> None:
+        self.source, self.batch_size = source, batch_size
+        folder = adapter_folder(source)
+        assert folder is not None
+        info = _info(Path(source).expanduser())
+        self.saved: SavedReward = read_reward_adapter(folder)
+        self.base: str | None = info.get("base") or self.saved.base  # the model it was trained on
+        self.quantize: str = info.get("quantize", "none")
+        self.tokenizer: Any = None
+        self._scores: Scores | None = None
+        self.where = "unbound"  # 'shared' (the fourth role) or 'separate'
+
+    def bind(self, scores: Scores, tokenizer: Any, where: str) -> None:
+        self._scores, self.tokenizer, self.where = scores, tokenizer, where
+
+    def text(self, prompt: Any, completion: str) -> str:
+        from ..models.prompts import reward_text
+
+        return reward_text(self.tokenizer, prompt, completion)
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **columns: Any) -> list[float]:
+        if self._scores is None:
+            raise ConfigError(f"Reward model '{self.source}' is a LoRA adapter and was never placed on a base.")
+        return self._scores([self.text(p, c) for p, c in zip(prompts, completions, strict=True)])
+
+
+def _info(path: Path) -> dict[str, Any]:
+    try:
+        info = json.loads((path / "reward.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def separate(reward: AdapterReward, model: ModelConfig, device: torch.device, dtype: torch.dtype) -> Scores:
+    """A separate classifier: `reward.base` loaded as a sequence classifier (one label), the adapter merged in,
+    frozen; texts scored in batches, right-padded. Returns the scoring function (and binds the tokenizer)."""
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from ..models.load import model_source
+    from ..models.scorer import scores, tokenized
+
+    if not reward.base:
+        raise ConfigError(f"Reward model '{reward.source}' names no base model (its adapter_config.json has no "
+                          "base_model_name_or_path); llmrl cannot tell what to load it on.")
+    source, _ = model_source(ModelConfig(name=reward.base, trust_remote_code=model.trust_remote_code), show_progress=False)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=model.trust_remote_code)
+        classifier = AutoModelForSequenceClassification.from_pretrained(
+            source, num_labels=1, dtype=dtype, trust_remote_code=model.trust_remote_code)
+        merged = PeftModel.from_pretrained(classifier, str(adapter_folder(reward.source))).merge_and_unload()
+    except Exception as exc:  # transformers and peft raise many kinds for a missing or mismatched base
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"Cannot load reward model '{reward.source}' on its base '{reward.base}': {first}") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    merged.to(device).eval().requires_grad_(False)
+    decoder, head = merged.base_model, merged.score
+
+    @torch.no_grad()
+    def score(texts: Sequence[str]) -> list[float]:
+        out: list[float] = []
+        for start in range(0, len(texts), reward.batch_size):
+            ids, mask = tokenized(tokenizer, texts[start:start + reward.batch_size], device)
+            out += scores(decoder, head, ids, mask, tokenizer.pad_token_id).tolist()
+        return out
+
+    reward.tokenizer = tokenizer
+    return score
