@@ -1,4 +1,5 @@
-"""Policy, value and entropy losses, KL estimators and loss aggregation.
+"""Policy, value and entropy losses, KL estimators, loss aggregation, and the reward model's
+Bradley–Terry loss over preference pairs.
 
 All per-token tensors are (N, T) with a bool `mask` (True = trained token); masked positions never
 influence a result, whatever they hold.
@@ -280,3 +281,30 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor
     if estimator == "k3":
         return torch.expm1(-diff) + diff
     raise ValueError(f"unknown KL estimator '{estimator}'; valid: k1, k2, k3")
+
+
+def bradley_terry(r_chosen: Tensor, r_rejected: Tensor, margin: Tensor | None = None, center: float = 0.0) -> Tensor:
+    """The reward model's loss over P preference pairs (Bradley & Terry 1952; Ouyang et al. 2022, eq. 1):
+
+        L = mean_i −log σ(r_w,i − r_l,i − m_i)  +  c · mean_i (r_w,i + r_l,i)²
+
+    r_chosen r_w, r_rejected r_l, margin m: (P,); m = 0 when None. The margin (Touvron et al. 2023, Llama 2)
+    asks r_w to lead by m; the second term, c = `center`, is the reward centering of Eisenstein et al. 2023.
+    Exactly TRL's RewardTrainer.compute_loss with its `margin` column and `center_rewards_coefficient`.
+    log σ is F.logsigmoid, finite for any difference. Returns a 0-dim tensor."""
+    diff = r_chosen - r_rejected
+    if margin is not None:
+        diff = diff - margin
+    loss = -torch.nn.functional.logsigmoid(diff).mean()
+    if center:
+        loss = loss + center * ((r_chosen + r_rejected) ** 2).mean()
+    return loss
+
+
+def pair_stats(r_chosen: Tensor, r_rejected: Tensor) -> dict[str, float]:
+    """{accuracy: share of the P pairs with r_w > r_l, a tie counting half; margin: mean(r_w − r_l)}, (P,)
+    each (NaN for P = 0). TRL's RewardTrainer counts a tie as wrong (its `accuracy` is the share with
+    r_w > r_l); half is what a coin flip between the two would score."""
+    diff = (r_chosen - r_rejected).detach().float()
+    accuracy = ((diff > 0).float() + 0.5 * (diff == 0).float()).mean()
+    return {"accuracy": float(accuracy), "margin": float(diff.mean())}

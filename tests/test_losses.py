@@ -11,7 +11,8 @@ from llmrl.step.records import Forwards, Samples, Scores
 from llmrl.config.schema import KLConfig
 from llmrl.step.estimate import shape_rewards
 from llmrl.kl_control import KLController
-from llmrl.losses import AGGREGATIONS, aggregate, entropy_from_logits, kl_penalty, policy_loss, value_loss
+from llmrl.losses import (AGGREGATIONS, aggregate, bradley_terry, entropy_from_logits, kl_penalty, pair_stats,
+                          policy_loss, value_loss)
 
 from tests.helpers import close, m, t
 
@@ -378,3 +379,50 @@ def test_losses_are_finite_and_ignore_masked_positions(n: int, t: int, seed: int
     if scale <= 1.0:  # at scale 30, k3's exp(log π_ref − log π) can legitimately overflow float32
         for est in ("k1", "k2", "k3"):
             assert torch.isfinite(kl_penalty(lp, ref, est)[mask]).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# bradley_terry, pair_stats (the reward model's loss over preference pairs)
+# ---------------------------------------------------------------------------------------------
+
+# r_w = (1, 0), r_l = (0, 0): −log σ(1) = log(1 + e⁻¹) = 0.313262, −log σ(0) = log 2 = 0.693147.
+BT_TABLE = [
+    # mean(0.313262, 0.693147) = 0.503204
+    pytest.param(None, 0.0, 0.503204434, id="plain"),
+    # m = (0.5, 0): −log σ(1 − 0.5) = log(1 + e^−0.5) = 0.474077; mean with 0.693147 = 0.583612
+    pytest.param([0.5, 0.0], 0.0, 0.583612082, id="margin"),
+    # c = 0.01: + 0.01 · mean((1 + 0)², (0 + 0)²) = 0.01 · 0.5 = 0.005 → 0.508204
+    pytest.param(None, 0.01, 0.508204434, id="center"),
+    # both: 0.583612 + 0.005
+    pytest.param([0.5, 0.0], 0.01, 0.588612082, id="margin+center"),
+]
+
+
+@pytest.mark.parametrize("margin,center,expected", BT_TABLE)
+def test_bradley_terry_table(margin, center, expected) -> None:
+    loss = bradley_terry(t([1.0, 0.0]), t([0.0, 0.0]), None if margin is None else t(margin), center)
+    assert loss.shape == ()
+    close(loss, expected)
+
+
+def test_bradley_terry_gradient_raises_chosen_and_lowers_rejected() -> None:
+    """∂L/∂r_w,i = −σ(−(r_w,i − r_l,i − m_i))/P + 2c(r_w,i + r_l,i)/P, ∂L/∂r_l,i = σ(…)/P + 2c(r_w,i + r_l,i)/P.
+    r_w = (1, 0), r_l = (0, 0), P = 2: σ(−1)/2 = 0.134471, σ(0)/2 = 0.25; with c = 0.01: 2·0.01·(1, 0)/2 = (0.01, 0)."""
+    r_w, r_l = t([1.0, 0.0]).requires_grad_(), t([0.0, 0.0]).requires_grad_()
+    bradley_terry(r_w, r_l).backward()
+    close(r_w.grad, [-0.134470711, -0.25])
+    close(r_l.grad, [0.134470711, 0.25])  # descent raises r_w and lowers r_l
+    r_w.grad = r_l.grad = None
+    bradley_terry(r_w, r_l, center=0.01).backward()
+    close(r_w.grad, [-0.124470711, -0.25])
+    close(r_l.grad, [0.144470711, 0.25])
+
+
+def test_bradley_terry_is_finite_far_from_zero() -> None:
+    """−log σ(−100) = 100 + log(1 + e⁻¹⁰⁰) = 100 (a log of σ would give inf); −log σ(100) = e⁻¹⁰⁰ ≈ 0."""
+    close(bradley_terry(t([-100.0, 100.0]), t([0.0, 0.0])), 50.0)
+
+
+def test_pair_stats_counts_a_tie_half() -> None:
+    """r_w − r_l = (1, 0, −1, 1): accuracy (1 + ½ + 0 + 1)/4 = 0.625, mean margin 1/4 = 0.25."""
+    assert pair_stats(t([1.0, 0.0, 2.0, 1.0]), t([0.0, 0.0, 3.0, 0.0])) == {"accuracy": 0.625, "margin": 0.25}

@@ -9,6 +9,10 @@ a string prompt becoming one user message, and the text is tokenized without add
 tokens again (the template already holds them). Without a template (the built-in `tiny` model, or
 'off') a string prompt is tokenized as it is, with the tokenizer's special tokens, exactly as
 before chat support existed.
+
+What a reward model reads for (prompt, answer) is `reward_text`: a string prompt plus the answer; a message
+list through the chat template with the answer as the assistant's turn (no generation prompt), or without
+a template the message contents and the answer joined by newlines.
 """
 
 from __future__ import annotations
@@ -62,3 +66,20 @@ def tokenize_prompts(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Promp
     """`tokenizer(texts, ...)` over the rendered prompts, adding special tokens only to raw text."""
     texts, templated = render_prompts(tokenizer, prompts)
     return tokenizer(texts, add_special_tokens=not templated, **kwargs)
+
+
+def conversation_text(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, Any]]) -> str:
+    """A whole conversation as a reward model reads it: the chat template over it (tokenize=False, no
+    generation prompt), or without a template the message contents joined by newlines."""
+    if uses_chat(tokenizer):
+        return tokenizer.apply_chat_template(list(messages), tokenize=False)
+    return "\n".join(m["content"] for m in messages)
+
+
+def reward_text(tokenizer: PreTrainedTokenizerBase, prompt: Prompt, answer: str) -> str:
+    """The text r(x, y) reads: `prompt + answer` for a string prompt; for messages the conversation
+    `prompt + [{role: assistant, content: answer}]` (`conversation_text`: the chat template, or the contents,
+    then the answer, joined by newlines)."""
+    if isinstance(prompt, str):
+        return prompt + answer
+    return conversation_text(tokenizer, [*prompt, {"role": "assistant", "content": answer}])

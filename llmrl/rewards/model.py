@@ -4,7 +4,8 @@ Each completion is scored on the text prompt + completion:
   - a string prompt: `prompt + completion`;
   - a chat prompt: the reward model's chat template over the messages plus
     `{role: assistant, content: completion}` when its tokenizer has one, else the message contents
-    joined by newlines, a newline, then the completion.
+    joined by newlines, a newline, then the completion (`models.prompts.reward_text`, the rule a reward run's
+    pairs are read by too).
 The score is the logit when the model has one label (the usual reward-model head), else the
 softmax probability of the last label (e.g. 'positive'). Texts are scored in batches of
 `reward.batch_size`, right-padded and truncated from the left (the completion is kept).
@@ -19,6 +20,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from ..errors import ConfigError, PluginError
+from ..models.prompts import reward_text
 
 
 def check_score_head(source: str, model: Any, missing: Any) -> None:
@@ -58,12 +60,7 @@ class RewardModel:
 
     def text(self, prompt: Any, completion: str) -> str:
         """What the reward model reads for one (prompt, completion) pair (see the module docstring)."""
-        if isinstance(prompt, str):
-            return prompt + completion
-        if getattr(self.tokenizer, "chat_template", None):
-            return self.tokenizer.apply_chat_template(
-                [*prompt, {"role": "assistant", "content": completion}], tokenize=False)
-        return "\n".join(m["content"] for m in prompt) + "\n" + completion
+        return reward_text(self.tokenizer, prompt, completion)
 
     @torch.no_grad()
     def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **columns: Any) -> list[float]:
