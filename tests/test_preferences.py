@@ -9,6 +9,8 @@ import math
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from llmrl.config.reward_run import PairsConfig
 from llmrl.errors import ConfigError
@@ -153,6 +155,9 @@ BAD = [
      "Row 1 of dataset '{f}': the rejected conversation has no assistant turn (roles: user, user), so there is no"),
     ([{"prompt": [user("1")], "chosen": [user("2")], "rejected": [bot("3")]}], {},
      "Row 1 of dataset '{f}': the chosen answer has no assistant turn (roles: user), so"),
+    ([{"chosen": [user("1"), bot(" ")], "rejected": [user("1"), bot("3")]}], {},
+     "Row 1 of dataset '{f}': the chosen conversation has only empty assistant turns, so there is no answer to score."),
+    ([{"prompt": [user("1")], "chosen": " ", "rejected": "3"}], {}, "Row 1 of dataset '{f}' has an empty chosen answer."),
     ([{"prompt": [user("1")], "chosen": [{"role": "assistant"}], "rejected": [bot("3")]}], {},
      "Row 1 of dataset '{f}': message 1 of the chosen answer is not a {role: str, content: str} mapping"),
     ([{"prompt": "", "chosen": "2", "rejected": "3"}], {}, "Row 1 of dataset '{f}': the prompt is empty, not a"),
@@ -221,3 +226,50 @@ def test_pairs_read_as_an_rl_runs_reward_model_reads(tmp_path: Path) -> None:
     assert rm.text("1+1=", "2") == "1+1=2"
     rm.tokenizer.chat_template = PARENS
     assert rm.text([user("1+1")], "2") == "(1+1)(2)" == load(f, PARENS)[0][0].chosen
+
+
+def test_a_chat_templates_refusal_names_the_row(tmp_path: Path) -> None:
+    strict = ("{% if messages[0]['role'] != 'user' %}{{ raise_exception('Conversations must start with a user "
+              "turn') }}{% endif %}" + PARENS)
+    f = jsonl(tmp_path / "p.jsonl", [{"chosen": [user("1"), bot("2")], "rejected": [user("1"), bot("3")]},
+                                     {"chosen": [bot("2")], "rejected": [user("1"), bot("3")]}])
+    with pytest.raises(ConfigError, match=r"^Row 2 of dataset '.*p.jsonl': the chat template refuses the chosen "
+                                          r"conversation \(Conversations must start with a user turn\).$"):
+        load(f, strict)
+
+
+# Anything a row's cells may hold: text (maybe blank), messages (maybe malformed, maybe no assistant turn),
+# numbers, nothing.
+MESSAGES = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system"]),
+                                           "content": st.sampled_from(["", "1", "2+2", "="])}), max_size=3)
+TEXT = st.sampled_from(["1", "2", "1+1=", "7"])
+CONVERSATION = st.builds(lambda head, answer: [*head, bot(answer)], MESSAGES, TEXT)
+CELL = st.one_of(st.sampled_from(["", " "]), MESSAGES, st.integers(-2, 2), st.none(), TEXT, CONVERSATION,
+                 st.lists(st.sampled_from([{"role": "user"}, {"content": "1"}, {}, "x"]), min_size=1, max_size=2))
+MARGIN = st.one_of(st.floats(0, 3), st.floats(allow_nan=True), st.none(), st.sampled_from(["1", True]))
+GOOD = st.one_of(st.fixed_dictionaries({"prompt": TEXT, "chosen": TEXT, "rejected": TEXT}),
+                 st.fixed_dictionaries({"chosen": CONVERSATION, "rejected": CONVERSATION}),
+                 st.fixed_dictionaries({"prompt": st.builds(lambda c: [user(c)], TEXT),
+                                        "chosen": st.builds(lambda c: [bot(c)], TEXT), "rejected": st.just([bot("0")])}))
+ROW = st.one_of(GOOD, GOOD.map(lambda row: {**row, "margin": 0.5}),
+                st.fixed_dictionaries({"chosen": CELL, "rejected": CELL}, optional={"prompt": CELL, "margin": MARGIN}))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(ROW, min_size=1, max_size=2), template=st.sampled_from([None, PARENS]))
+def test_any_row_is_pairs_or_one_sentence(tmp_path: Path, rows: list[dict], template: str | None) -> None:
+    """Whatever the rows hold, load_pairs returns well-formed pairs or raises one ConfigError naming the file."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=tmp_path) as d:
+        f = Path(d) / "fuzz.jsonl"
+        f.write_text("".join(json.dumps(r, allow_nan=True) + "\n" for r in rows))
+        try:
+            train, _ = load(str(f), template)
+        except ConfigError as exc:
+            assert str(f) in str(exc) and "\n" not in str(exc)
+            event("refused")
+            return
+    event("pairs")
+    assert len(train) == len(rows)
+    for p in train:
+        assert p.chosen.strip() and p.rejected.strip() and p.chosen != p.rejected
+        assert math.isfinite(p.margin) and p.margin >= 0

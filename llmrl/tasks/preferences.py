@@ -118,7 +118,7 @@ def render(raw: dict[str, Any], side: str, where: str, tokenizer: Any) -> str:
         if isinstance(answer, str):
             return answer
         check_assistant(answer, f"the {side} conversation", where)
-        return conversation_text(tokenizer, answer)
+        return templated(tokenizer, answer, f"the {side} conversation", where)
     check_prompt(prompt, where)
     if isinstance(prompt, str):
         if not isinstance(answer, str):
@@ -127,7 +127,17 @@ def render(raw: dict[str, Any], side: str, where: str, tokenizer: Any) -> str:
         return prompt + answer
     messages = [{"role": "assistant", "content": answer}] if isinstance(answer, str) else list(answer)
     check_assistant(messages, f"the {side} answer", where)
-    return conversation_text(tokenizer, [*prompt, *messages])
+    return templated(tokenizer, [*prompt, *messages], f"the prompt and {side} answer", where)
+
+
+def templated(tokenizer: Any, messages: list[dict[str, Any]], what: str, where: str) -> str:
+    """`conversation_text`, a chat template's own refusal (raise_exception: roles that do not alternate, a
+    system turn it does not take) becoming a ConfigError naming the row."""
+    try:
+        return conversation_text(tokenizer, messages)
+    except Exception as exc:  # jinja2's TemplateError and whatever else a template's code raises
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"{where}: the chat template refuses {what} ({first}).") from None
 
 
 def check_answer(answer: Any, side: str, where: str) -> None:
@@ -164,10 +174,13 @@ def check_messages(messages: list[Any], what: str, where: str) -> None:
 
 
 def check_assistant(messages: list[dict[str, Any]], what: str, where: str) -> None:
-    """A conversation a reward model scores holds at least one assistant turn (the answer it judges)."""
-    if not any(m["role"] == "assistant" for m in messages):
+    """A conversation a reward model scores holds an assistant turn (the answer it judges) that is not blank."""
+    said = [m["content"] for m in messages if m["role"] == "assistant"]
+    if not said:
         roles = ", ".join(m["role"] for m in messages)
         raise ConfigError(f"{where}: {what} has no assistant turn (roles: {roles}), so there is no answer to score.")
+    if not any(c.strip() for c in said):
+        raise ConfigError(f"{where}: {what} has only empty assistant turns, so there is no answer to score.")
 
 
 def margin_of(value: Any, where: str) -> float:
