@@ -179,6 +179,10 @@ def test_a_4_bit_reward_run_merges_into_the_dequantised_base(base: Path, tmp_pat
     scores = batched(model, tokenizer, TEXTS)
     torch.testing.assert_close(scores, llmrl_scores(run_dir, TEXTS), **TOL)
     assert (scores - alone(peft, tokenizer, TEXTS)).abs().max() > 1e-3  # not the float base's model
+    adapter_dir = export_run(run_dir, tmp_path / "nf4-adapter", adapter_only=True).path  # its card: the 4-bit base
+    code = snippet((adapter_dir / "README.md").read_text())
+    assert ('quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", '
+            'bnb_4bit_compute_dtype=torch.float32, bnb_4bit_use_double_quant=True)') in code, code
 
 
 def _refused(run_dir: Path, out: Path, *args: str) -> str:
@@ -209,3 +213,25 @@ def test_a_bad_reward_run_is_one_sentence_exit_1(run: tuple[Path, PeftModel], tm
         path.write_text(path.read_text().replace(json.loads((run[0] / "reward.json").read_text())["base"], missing))
     said = _refused(no_base, tmp_path / "c")
     assert said.startswith("error: The reward run's base cannot be loaded: Model folder") and missing in said, said
+
+
+def test_a_trained_reward_run_exports_with_llmrls_scores(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`llmrl reward train`'s own folder (trained norms as modules_to_save too) → the merged export scores as
+    llmrl's scorer, and its card holds the run's real held-out figures."""
+    from llmrl.reward_model.train import train_reward
+    from tests.test_reward_model import reward_config, write_pairs
+
+    run_dir = tmp_path / "rm"
+    train_reward(reward_config(tiny_model_dir, write_pairs(tmp_path / "pairs.jsonl", n=24), run_dir,
+                               "rm.epochs=1", "lora.modules_to_save=norm"), show_progress=False)
+    out = tmp_path / "rm-merged"
+    export_run(run_dir, out)
+    model = AutoModelForSequenceClassification.from_pretrained(out).eval()
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    torch.testing.assert_close(batched(model, tokenizer, TEXTS), llmrl_scores(run_dir, TEXTS), **TOL)
+    plain, merged = load_file(tiny_model_dir / "model.safetensors"), load_file(out / "model.safetensors")
+    assert [k for k in merged if "norm" in k and not torch.equal(merged[k], plain[k])]  # the trained norms
+    summary = json.loads((run_dir / "summary.json").read_text())
+    card = " ".join((out / "README.md").read_text().split())
+    assert f"| accuracy | {summary['eval_accuracy_before']:.1%} | {summary['eval_accuracy_after']:.1%} |" in card, card
+    assert "`pairs.jsonl`" in card and str(tmp_path) not in card
