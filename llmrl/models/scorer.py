@@ -29,11 +29,12 @@ from torch import Tensor, nn
 
 from ..config.schema import LoraConfig
 from ..errors import ConfigError
+from .adapters import lora_settings, of_adapter
 from .logprobs import at_least_float32
 
 ADAPTER = "reward"
 HEAD_KEY = "base_model.model.score.weight"  # peft's name for a SEQ_CLS model's `score` (modules_to_save)
-SEQ_CLS_SAVED = ("score", "classifier")  # what peft adds to a SEQ_CLS adapter's modules_to_save
+SEQ_CLS_SAVED = ("score", "classifier", "pre_classifier")  # what peft adds to a SEQ_CLS adapter's modules_to_save
 
 
 def last_token(ids: Tensor, pad_id: int | None) -> Tensor:
@@ -74,8 +75,6 @@ def tokenized(tokenizer: Any, texts: Sequence[str], device: torch.device) -> tup
 
 def reward_settings(cfg: LoraConfig, model: nn.Module) -> PeftLoraConfig:
     """The reward adapter's peft settings from llmrl's `lora` section (models/stack.lora_settings' rule)."""
-    from .stack import lora_settings  # late: stack imports this module
-
     return lora_settings(cfg, model)
 
 
@@ -180,8 +179,6 @@ class RewardScorer(nn.Module):
         return [ADAPTER]
 
     def parameters_of(self, role: str) -> list[nn.Parameter]:
-        from .stack import of_adapter
-
         return [p for n, p in self.peft.named_parameters() if of_adapter(n, ADAPTER)] + list(self.head.parameters())
 
     def forward(self, ids: Tensor, attention: Tensor, pad_id: int | None) -> Tensor:
