@@ -21,6 +21,7 @@ from .compare_cmd import compare
 from .config_cmd import config
 from .models_cmd import models
 from .plot_cmd import plot
+from .reward_cmd import reward
 from .tasks_cmd import tasks
 from .eval_cmd import eval
 from .export_cmd import export
@@ -61,6 +62,7 @@ app.command()(export)
 app.command(name="eval")(eval)
 app.command()(tasks)
 app.add_typer(models, name="models")
+app.add_typer(reward, name="reward")
 
 
 def main() -> None:
