@@ -171,14 +171,21 @@ def test_train_reward_cli_says_the_fourth_role(reward_run: Path, tiny_model_dir:
     env = {**os.environ, "LLMRL_CACHE_DIR": str(tmp_path / "cache")}
     done = subprocess.run([*LLMRL, "train", "--model", str(tiny_model_dir), "--reward", str(reward_run), "--steps", "2",
                            "--out", str(tmp_path / "rl"), "--set", "rollout.prompts_per_step=4", "--set",
-                           "rollout.max_new_tokens=4", "--set", "eval.size=0", "--set", "lora.r=4"],
+                           "rollout.max_new_tokens=4", "--set", "eval.size=8", "--set", "eval.every=1",
+                           "--set", "lora.r=4", "--set", "kl.beta=0.05"],
                           env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "fourth role" in done.stderr
-    saved = read_reward_adapter(reward_run / "adapter")
     rows = [json.loads(line) for line in (tmp_path / "rl/metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(f"reward/model:{reward_run.name}" in r for r in rows)
-    assert saved.head.shape == (1, 32)
+    # the task's verifier stays the gold metric beside the reward model's mean score (the proxy)
+    assert {"eval_gold_accuracy", "eval_reward"} <= rows[0].keys()
+    from llmrl.run.folder import read_run
+    from llmrl.run.plots import gold_proxy
+
+    kl, gold, proxy = gold_proxy(read_run(tmp_path / "rl"))
+    assert len(kl) == 3 and kl[0] == 0 and kl[1] == rows[0]["kl"] and gold[1] == rows[0]["eval_gold_accuracy"]
+    assert proxy[1] == rows[0]["eval_reward"] and (tmp_path / "rl/curves.png").is_file()
 
 
 def test_critic_starts_from_the_reward_model(reward_run: Path, tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -136,7 +136,7 @@ def _one_step(s: Session, step: int, reporter: Reporter, trackers: Trackers, sto
     row = report.row
     if config.eval.every and (step + 1) % config.eval.every == 0 and step + 1 < config.steps:
         result = run_eval(s)
-        row = {**row, "eval_accuracy": result.accuracy if result else None,
+        row = {**row, "eval_accuracy": result.accuracy if result else None, "eval_reward": result.reward_mean if result else None,
                **({f"eval_{k}": v for k, v in result.metrics.items()} if result else {})}
         reporter.evaluated(step + 1, result)
     s.folder.log_metrics(row)

@@ -104,8 +104,9 @@ def runs_figure(runs: Sequence[Run], labels: Sequence[str] | None = None) -> Fig
     if not runs:
         raise ConfigError("Nothing to plot: no runs given.")
     labels = list(labels or [label_of(r) for r in runs])
-    fig = Figure(figsize=(13, 3.8), layout="constrained")
-    axes = fig.subplots(1, 3)
+    gold = any(gold_proxy(r)[0].size for r in runs)  # a learned reward beside the task's verifier
+    fig = Figure(figsize=(17 if gold else 13, 3.8), layout="constrained")
+    axes = fig.subplots(1, 4 if gold else 3)
     for ax, title, ylabel in zip(axes, ("train reward", "KL to reference (per sequence)", "held-out accuracy (greedy)"),
                                  ("mean reward", "KL", "accuracy")):
         ax.set(title=title, xlabel="step", ylabel=ylabel)
@@ -123,12 +124,48 @@ def runs_figure(runs: Sequence[Run], labels: Sequence[str] | None = None) -> Fig
         x, y = accuracy_points(run)
         if len(x):
             axes[2].plot(x, y, "o-", color=color, label=name, clip_on=False)  # points at 0 or 1 drawn whole
-    for ax in axes:
+    for ax in axes[:3]:
         step_axis(ax)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     accuracy_axis(axes[2])
+    if gold:
+        draw_gold_proxy(axes[3], runs, labels)
     return fig
+
+
+def gold_proxy(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(KL, gold, proxy) at each evaluation that reports the task's verifier beside a learned reward:
+    KL the mean per-sequence KL to the reference at that step (0 before the first), gold its
+    `eval_gold_accuracy` (the summary's before and after too), proxy `eval_reward` (the reward model's mean score, docs/reward-models.md)."""
+    s, kl = run.summary or {}, 0.0
+    out = [(0.0, s["eval_gold_accuracy_before"], s.get("eval_reward_before", np.nan))] \
+        if s.get("eval_gold_accuracy_before") is not None else []
+    for r in run.metrics:
+        kl = r.get("kl", kl) if r.get("kl") is not None else kl
+        if r.get("eval_gold_accuracy") is not None:
+            out.append((kl, r["eval_gold_accuracy"], r.get("eval_reward", np.nan)))
+    if s.get("eval_gold_accuracy_after") is not None:
+        out.append((kl, s["eval_gold_accuracy_after"], s.get("eval_reward_after", np.nan)))
+    arr = np.array(out, dtype=float).reshape(-1, 3)
+    return arr[:, 0], arr[:, 1], arr[:, 2]
+
+
+def draw_gold_proxy(ax: Axes, runs: Sequence[Run], labels: Sequence[str]) -> None:
+    """Gold accuracy (solid, left axis) and the proxy's mean score (dashed, right axis) against KL."""
+    twin = ax.twinx()
+    ax.set(title="gold and proxy against KL", xlabel="KL to reference (per sequence)", ylabel="gold accuracy")
+    twin.set_ylabel("proxy: reward model's mean score")
+    for i, (run, name) in enumerate(zip(runs, labels)):
+        kl, gold, proxy = gold_proxy(run)
+        if kl.size:
+            ax.plot(kl, gold, "o-", color=f"C{i % 10}", label=f"{name} gold")
+            twin.plot(kl, proxy, "s--", color=f"C{i % 10}", alpha=0.7, label=f"{name} proxy")
+    accuracy_axis(ax)
+    ax.grid(alpha=0.3)
+    handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
+    if handles:
+        ax.legend(handles, [h.get_label() for h in handles], fontsize=8)
 
 
 def _mean_band(curves: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
