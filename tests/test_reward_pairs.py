@@ -135,3 +135,27 @@ def test_a_dataset_with_a_reward_file(tiny_model_dir: Path, tmp_path: Path) -> N
         assert p["prompt"] in {f"{i}+1=" for i in range(10)} and 0 <= p["row"] < 10
         assert len(p["chosen"]) % 2 == 0 and len(p["rejected"]) % 2 == 1
         assert (p["chosen_reward"], p["rejected_reward"]) == (0.5, 0.0)
+
+
+def test_a_run_folder_samples_its_trained_actor(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """--model RUN: the run's base with its trained actor adapter (role 'actor'), the dataset and reward
+    still the command's own."""
+    from llmrl import load_config, train
+    from llmrl.reward_model.verifier_pairs import open_source
+
+    run = tmp_path / "run"
+    train(load_config(overrides={"model.name": str(tiny_model_dir), "out": str(run), "steps": 1},
+                      sets=["rollout.prompts_per_step=4", "update.minibatch_size=4", "eval.size=2", "eval.every=0",
+                            "rollout.max_new_tokens=4", "threads=1"]))
+    data, fn = tmp_path / "q.jsonl", tmp_path / "parity.py"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+1="}) + "\n" for i in range(10)))
+    fn.write_text("def even(prompts, completions, **columns):\n    return [float(len(c) % 2 == 0) for c in completions]\n")
+    sets = [f"data.dataset={data}", "data.eval_fraction=0", f"reward.functions={fn}:even", "threads=1"]
+    src = open_source(str(run), None, "train", prompts=None, samples=4, pairs_per_prompt=1, overrides={}, sets=sets)
+    assert src.role == "actor" and len(src.rows) == 10
+    trained = [p for name, p in src.engine.stack.lm.named_parameters() if "lora_B.actor" in name]
+    assert trained and any(p.abs().sum() > 0 for p in trained)  # B starts at 0: the run's step is loaded
+    out = tmp_path / "pairs.jsonl"
+    code, stdout, stderr = cli_run(["reward", "pairs", "--model", str(run), "--out", str(out), "--samples", "4",
+                                    *[a for s in sets for a in ("--set", s)]])
+    assert code == 0 and read(out), (stdout, stderr)
