@@ -133,11 +133,12 @@ def _reward_module(tokenizer: Any, prompts: list[list[int]], answers: list[str])
 
 
 def trl_ppo_run(model: str, steps: int, threads: int = 1, dtype: str = "float32", lora: bool = True,
-                device: str = "cpu") -> dict[str, Any]:
+                device: str = "cpu", reward_model: str | None = None) -> dict[str, Any]:
     """`steps` TRL 1.12 PPOTrainer steps; per step: seconds (on_step_end to on_step_end, the first from
     on_train_begin; on cuda after torch.cuda.synchronize()), generated tokens (response tokens up to
     and including EOS) and mean reward. `device` "cuda" sets use_cpu=False: accelerate places the
-    models on the GPU."""
+    models on the GPU. `reward_model`: a sequence-classifier folder (e.g. `llmrl export` of a reward run)
+    loaded as TRL's reward model, its own copy of the weights, instead of the weightless stand-in."""
     trl = import_trl112()
     import torch
     from datasets import Dataset
@@ -156,7 +157,10 @@ def trl_ppo_run(model: str, steps: int, threads: int = 1, dtype: str = "float32"
     rows = get_task("chat_sum").train[:64]
     ids = tokenize_prompts(tok, [r["prompt"] for r in rows])["input_ids"]
     data = Dataset.from_dict({"input_ids": ids})
-    reward = _reward_module(tok, ids, [r["answer"] for r in rows])
+    reward = _reward_module(tok, ids, [r["answer"] for r in rows]) if reward_model is None else \
+        AutoModelForSequenceClassification.from_pretrained(reward_model, num_labels=1, dtype=dt)
+    if reward_model is not None:
+        reward.config.pad_token_id = tok.pad_token_id
 
     policy = AutoModelForCausalLM.from_pretrained(model, dtype=dt)
     policy.generation_config.pad_token_id = tok.pad_token_id
@@ -192,7 +196,7 @@ def trl_ppo_run(model: str, steps: int, threads: int = 1, dtype: str = "float32"
     trainer = PPOTrainer(args=args, processing_class=tok, model=policy, ref_model=ref, reward_model=reward,
                          train_dataset=data, value_model=value, peft_config=peft, callbacks=[Timer()])
     trainer.train()
-    calls = reward.backbone.calls
+    calls = getattr(getattr(reward, "backbone", None), "calls", [])
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     return {"step_s": times, "tokens": [c["tokens"] for c in calls], "reward": [c["reward"] for c in calls],
             "reward_s": [c["seconds"] for c in calls], "trl": trl.__version__, "lora": lora,
@@ -206,14 +210,18 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--full", action="store_true", help="full-parameter policy + reference copy (no LoRA)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--reward-model", default=None, help="a sequence-classifier folder as TRL's reward model "
+                    "(default: the weightless numeric stand-in)")
     a = ap.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     r = trl_ppo_run(str(Path(os.path.expanduser(a.model))), a.steps, threads=a.threads, lora=not a.full,
-                    device=a.device)
+                    device=a.device, reward_model=a.reward_model)
     print(f"TRL {r['trl']} PPOTrainer, {'LoRA policy' if r['lora'] else 'full policy + reference'}, "
           f"{a.threads} threads, trainable params {r['trainable_params']:,}, reward params {r['reward_params']}")
     for i, (s, n, rw, rs) in enumerate(zip(r["step_s"], r["tokens"], r["reward"], r["reward_s"], strict=False)):
         print(f"step {i}: {s:.2f} s, {n} tokens, reward {rw:.3f} (stand-in {rs * 1e3:.1f} ms)")
+    if not r["tokens"]:  # a real reward model: TRL logs its scores, not the stand-in's calls
+        print("steps: " + ", ".join(f"{s:.2f} s" for s in r["step_s"]) + f"; reward model {a.reward_model}")
     print(f"peak RSS (VmHWM): {vm_hwm_mib():.0f} MiB")
 
 
