@@ -176,6 +176,7 @@ def test_train_reward_cli_says_the_fourth_role(reward_run: Path, tiny_model_dir:
                           env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "fourth role" in done.stderr
+    assert "reward LoRA adapter + score head (frozen)" in done.stdout  # the start-up memory table's row
     rows = [json.loads(line) for line in (tmp_path / "rl/metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(f"reward/model:{reward_run.name}" in r for r in rows)
     # the task's verifier stays the gold metric beside the reward model's mean score (the proxy)
@@ -207,3 +208,29 @@ def test_critic_starts_from_the_reward_model(reward_run: Path, tiny_model_dir: P
         setup(load_config(overrides={"model.name": str(tiny_model_dir), "out": str(tmp_path / "rl2")},
                           sets=[f"reward.functions=[{{model: {reward_run}}}]", "lora.critic_from_reward=true",
                                 "lora.critic_layers=1"]), NullReporter())
+
+
+def test_a_reward_run_on_another_base_is_a_separate_classifier(reward_run: Path, tiny_model_dir: Path, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """An RL run on another base (another folder, other weights) scores with the reward run's own base, loaded
+    as a sequence classifier with the adapter merged: the same scores as llmrl's scorer on that base (float32
+    sums in another order: |Δ| ≤ 1e-5), no fourth role on the actor's stack."""
+    from tests.conftest import make_tiny_model
+    from llmrl.config import load_config
+    from llmrl.models.tokenizer import build_char_tokenizer
+    from llmrl.run.reporting import NullReporter
+    from llmrl.run.session import setup
+
+    other = tmp_path / "other-base"
+    make_tiny_model(seed=1).save_pretrained(other)
+    build_char_tokenizer().save_pretrained(other)
+    config = load_config(overrides={"model.name": str(other), "out": str(tmp_path / "rl"), "steps": 1},
+                         sets=[f"reward.functions=[{{model: {reward_run}}}]", "eval.size=0", "lora.r=4"])
+    session = setup(config, NullReporter())
+    assert session.stack.reward_head is None and "separate classifier" in capsys.readouterr().err
+    prompts, completions = ["12+3=", "40+40="], ["15=0", "81=1"]
+    theirs = torch.tensor(session.task.reward(prompts, completions))
+    base, tokenizer = load_base(load_reward_config(overrides={"model.name": str(tiny_model_dir)}).model, False)
+    scorer = RewardScorer(base, load_reward_config().lora, 0, read_reward_adapter(reward_run / "adapter"))
+    ids, mask = tokenized(tokenizer, [p + c for p, c in zip(prompts, completions)], torch.device("cpu"))
+    torch.testing.assert_close(theirs, scorer(ids, mask, tokenizer.pad_token_id).detach(), atol=1e-5, rtol=0)
