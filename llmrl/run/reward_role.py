@@ -47,6 +47,10 @@ def shared_reward(task: Task, config: Config) -> AdapterReward | None:
     here = _where(config.model.name)
     for reward in adapter_rewards(task):
         if reward.base and (reward.base == config.model.name or _where(reward.base) == here):
+            if config.dist.shard_base:  # its forwards would be collectives that only some ranks run
+                raise ConfigError(f"Reward run '{reward.source}' would be a fourth role on a base sharded with "
+                                  "dist.shard_base, which llmrl does not do yet; drop dist.shard_base, or export the "
+                                  "reward run (llmrl export) and give the merged classifier instead.")
             return reward
     return None
 
