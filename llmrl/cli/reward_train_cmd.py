@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Optional
 
@@ -11,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ..config.reward_run import load_reward_config
 from ..errors import ConfigError
+from ..reward_model.folder import finished, stored_config
 from ..reward_model.train import train_reward
 from .errors import friendly
 
@@ -45,6 +47,10 @@ def reward_train(
     if resume is not None:
         if any(v is not None for v in (model, data, eval_data, recipe, epochs, seed, out)) or sets or overwrite:
             raise ConfigError("--resume continues a reward run with its own settings; give no other option with it.")
+        stored_config(resume)  # an RL run, a folder that holds no run, a damaged config.yaml: one sentence
+        if finished(resume):
+            print(f"'{resume}' has finished; nothing to resume (its reward model is in {resume / 'adapter'}).")
+            return
         config = load_reward_config()
     else:
         overrides = {"model.name": model, "pairs.dataset": data, "pairs.eval_dataset": eval_data, "rm.epochs": epochs,
@@ -53,17 +59,24 @@ def reward_train(
     console = Console(stderr=True)
     columns = (TextColumn("[bold]reward model[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=False) as bar:
-        task = bar.add_task("train", total=None, info="")
+    with ExitStack() as held:
+        bars: list[Progress] = []  # the bar starts with the first step: an input refused before it prints one line
 
         def show(step: int, steps: int, row: dict) -> None:
-            held = f"  held-out {_percent(row['eval_accuracy'])}" if "eval_accuracy" in row else ""
-            bar.update(task, completed=step, total=steps, info=f"loss {row['loss']:.3f}{held}")
+            if not bars:
+                bars.append(held.enter_context(Progress(*columns, console=console, transient=False)))
+                bars[0].add_task("train", total=steps, info="")
+            held_out = f"  held-out {_percent(row['eval_accuracy'])}" if "eval_accuracy" in row else ""
+            bars[0].update(bars[0].task_ids[0], completed=step, total=steps, info=f"loss {row['loss']:.3f}{held_out}")
 
         result = train_reward(config, overwrite=overwrite, resume=resume, progress=show)
     b, a = result.before, result.after
-    Console().print(f"Held-out pairwise accuracy {_percent(b.get('eval_accuracy'))} → {_percent(a.get('eval_accuracy'))}"
-                    f", mean margin {b.get('eval_margin', float('nan')):+.3f} → {a.get('eval_margin', float('nan')):+.3f}"
-                    f" ({result.steps} steps, {result.seconds:.1f} s, peak {result.peak_rss_mib:.0f} MiB)")
+    took = f"{result.steps} steps, {result.seconds:.1f} s, peak {result.peak_rss_mib:.0f} MiB"
+    if not a:  # pairs.eval_fraction=0 and no pairs.eval_dataset: nothing held out to measure
+        Console().print(f"No held-out pairs (pairs.eval_fraction=0, no pairs.eval_dataset), so no accuracy ({took}).")
+    else:
+        Console().print(f"Held-out pairwise accuracy {_percent(b.get('eval_accuracy'))} → "
+                        f"{_percent(a.get('eval_accuracy'))}, mean margin {b.get('eval_margin', float('nan')):+.3f} → "
+                        f"{a.get('eval_margin', float('nan')):+.3f} ({took})")
     Console().print(f"Reward model in [bold]{result.path}[/]: score with `llmrl train --reward {result.path}`, "
                     f"export with `llmrl export {result.path} --out DIR`.")

@@ -62,6 +62,9 @@ def model_source(cfg: ModelConfig, show_progress: bool = True) -> tuple[str, str
         return str(plain_copy(path, trust_remote_code=cfg.trust_remote_code)), None
     looks_local = path.is_absolute() or cfg.name.startswith((".", "~")) or path.exists()
     if looks_local and not (path / "config.json").is_file():
+        if (path / "reward.json").is_file():  # `llmrl reward train`'s folder: an adapter on a base, not a model
+            raise ConfigError(f"'{path}' is a reward run (llmrl reward train), not a model: score with it through "
+                              f"--reward {path}, and give its base as the model.")
         raise ConfigError(f"Model folder '{path}' does not exist or has no config.json.")
     return (str(path) if looks_local else cfg.name), None
 

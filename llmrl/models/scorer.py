@@ -16,6 +16,7 @@ reads back the same way.
 from __future__ import annotations
 
 import json
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +88,7 @@ class SavedReward:
     weights: dict[str, Tensor]
     head: Tensor
     base: str | None  # adapter_config's base_model_name_or_path
+    folder: Path | None = None  # where it was read from, named by the errors of a base it does not fit
 
 
 def read_reward_adapter(folder: Path) -> SavedReward:
@@ -100,35 +102,85 @@ def read_reward_adapter(folder: Path) -> SavedReward:
         weights = load_file(str(weights_path))
     except Exception as exc:  # json, safetensors: a damaged file
         raise ConfigError(f"Reward adapter '{folder}' cannot be read: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}.") from None
-    if raw.get("peft_type") != "LORA" or raw.get("task_type") != "SEQ_CLS":
+    if not isinstance(raw, dict) or raw.get("peft_type") != "LORA" or raw.get("task_type") != "SEQ_CLS":
+        kind = (raw.get("peft_type"), raw.get("task_type")) if isinstance(raw, dict) else (None, None)
         raise ConfigError(f"Reward adapter '{folder}' is not a LoRA sequence classifier (peft_type "
-                          f"{raw.get('peft_type')}, task_type {raw.get('task_type')}).")
+                          f"{kind[0]}, task_type {kind[1]}).")
     head = weights.pop(HEAD_KEY, None)
     if head is None or head.ndim != 2 or head.shape[0] != 1:
         raise ConfigError(f"Reward adapter '{folder}' has no score head of one label ('{HEAD_KEY}').")
     saved = [m for m in raw.get("modules_to_save") or [] if m not in SEQ_CLS_SAVED]
-    settings = PeftLoraConfig(r=raw["r"], lora_alpha=raw["lora_alpha"], lora_dropout=0.0,
-                              target_modules=raw["target_modules"], modules_to_save=saved or None,
-                              bias=raw.get("bias", "none"), use_rslora=raw.get("use_rslora", False),
-                              task_type="CAUSAL_LM")
-    return SavedReward(settings, weights, head, raw.get("base_model_name_or_path"))
+    try:
+        _check_settings(raw)
+        settings = PeftLoraConfig(r=raw["r"], lora_alpha=raw["lora_alpha"], lora_dropout=0.0,
+                                  target_modules=raw["target_modules"], modules_to_save=saved or None,
+                                  bias=raw.get("bias", "none"), use_rslora=raw.get("use_rslora", False),
+                                  task_type="CAUSAL_LM")
+    except (KeyError, TypeError, ValueError) as exc:  # a hand-edited or foreign adapter_config.json
+        why = f"it lacks '{exc.args[0]}'" if isinstance(exc, KeyError) else str(exc).strip().splitlines()[0]
+        raise ConfigError(f"Reward adapter '{folder}' has an adapter_config.json peft cannot use: {why}.") from None
+    base = raw.get("base_model_name_or_path")
+    return SavedReward(settings, weights, head, base if isinstance(base, str) and base else None, folder)
+
+
+def _check_settings(raw: dict[str, Any]) -> None:
+    """The LoRA settings a reward adapter needs, of the types peft takes: r ≥ 1 an integer, lora_alpha a number,
+    target_modules a name or a list of names (KeyError / TypeError naming the bad one)."""
+    r, alpha, targets = raw["r"], raw["lora_alpha"], raw["target_modules"]
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        raise TypeError(f"'r' is {r!r}, not an integer ≥ 1")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        raise TypeError(f"'lora_alpha' is {alpha!r}, not a number")
+    if not (isinstance(targets, str) or (isinstance(targets, list) and targets
+                                          and all(isinstance(t, str) for t in targets))):
+        raise TypeError(f"'target_modules' is {targets!r}, not a module name or a list of them")
+
+
+def _misfit(saved: SavedReward, why: str) -> ConfigError:
+    """The one sentence for a reward adapter whose tensors or modules have no place in this base."""
+    where = f"Reward adapter '{saved.folder}'" if saved.folder else "The reward adapter"
+    return ConfigError(f"{where} does not fit this base ({why}); it was trained on another model: score it on "
+                       "the base it was trained on.")
+
+
+def check_fit(saved: SavedReward, base: nn.Module) -> None:
+    """Refuse, before peft touches `base`, a reward adapter made for another model: a score head whose width is
+    not the base's hidden size H (it holds (1, H)), or target_modules that name no module of the base (peft's
+    rule: a name equal to a module's last parts, or a regular expression over its full name)."""
+    hidden = base.config.get_text_config().hidden_size
+    if saved.head.shape[1] != hidden:
+        raise _misfit(saved, f"its score head is {tuple(saved.head.shape)}, the base's hidden size {hidden}")
+    targets, names = saved.settings.target_modules, [n for n, _ in base.named_modules() if n]
+    if isinstance(targets, str):
+        hit = any(re.fullmatch(targets, n) for n in names)
+    else:
+        hit = any(n == t or n.endswith(f".{t}") for n in names for t in targets)
+    if not hit:
+        shown = targets if isinstance(targets, str) else sorted(targets)
+        raise _misfit(saved, f"its target_modules {shown} match no layer of it")
 
 
 def add_reward_adapter(peft: PeftModel, saved: SavedReward) -> None:
     """Add `saved` as adapter `reward` to a causal LM's PeftModel (the RL stack's) and load its tensors."""
-    peft.add_adapter(ADAPTER, saved.settings)
+    try:
+        peft.add_adapter(ADAPTER, saved.settings)
+    except ValueError as exc:  # peft's NoMatchingPeftModuleError: target_modules name no layer of this base
+        raise _misfit(saved, f"its target_modules {saved.settings.target_modules} match no layer of it") from None
     load_reward_weights(peft, saved)
 
 
 def load_reward_weights(peft: PeftModel, saved: SavedReward, adapter: str = ADAPTER) -> None:
     """Load `saved`'s tensors into `adapter` of `peft`; every tensor of the file must land (a name that
     matches no module means another architecture: refused)."""
-    result = set_peft_model_state_dict(peft, dict(saved.weights), adapter_name=adapter)
+    try:
+        result = set_peft_model_state_dict(peft, dict(saved.weights), adapter_name=adapter)
+    except RuntimeError as exc:  # torch's load_state_dict: "size mismatch for NAME: copying a param with shape …"
+        lines = [line.strip() for line in str(exc).splitlines() if "size mismatch" in line]
+        raise _misfit(saved, lines[0].rstrip(".") if lines else str(exc).strip().splitlines()[0]) from None
     unexpected = [k for k in getattr(result, "unexpected_keys", []) if adapter in k or "lora_" in k]
     missing = [k for k in getattr(result, "missing_keys", []) if f".{adapter}." in k or k.endswith(f".{adapter}")]
     if unexpected or missing:
-        first = (unexpected or missing)[0]
-        raise ConfigError(f"The reward adapter does not fit this base: its tensor '{first}' has no place in it.")
+        raise _misfit(saved, f"its tensor '{(unexpected or missing)[0]}' has no place in it")
 
 
 def save_reward_adapter(folder: Path, peft: PeftModel, head: nn.Linear, base: str | None) -> None:
@@ -155,7 +207,14 @@ class RewardScorer(nn.Module):
             p.requires_grad_(False)
         cfg = base.config.get_text_config()
         settings = reward_settings(lora, base) if saved is None else saved.settings
-        self.peft = get_peft_model(base, settings, adapter_name=ADAPTER)
+        if saved is not None:
+            check_fit(saved, base)
+        try:
+            self.peft = get_peft_model(base, settings, adapter_name=ADAPTER)
+        except ValueError as exc:  # e.g. a target that is not a layer type LoRA supports (a norm): as stack.py says it
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"LoRA cannot adapt the model with lora.target_modules={settings.target_modules}: "
+                              f"{first.rstrip('.')}.") from None
         self.head = score_head(cfg.hidden_size, base.dtype, base.device, getattr(cfg, "initializer_range", 0.02), seed)
         if saved is not None:  # a reward run's adapter scored, or a training resumed from its files
             load_reward_weights(self.peft, saved)
@@ -189,6 +248,7 @@ class RewardScorer(nn.Module):
 def reward_role(peft: PeftModel, saved: SavedReward) -> nn.Linear:
     """The RL stack's fourth role: `saved` added to the stack's PeftModel as adapter `reward` (frozen), and its
     score head, at least float32 and frozen, returned."""
+    check_fit(saved, peft.base_model.model)
     add_reward_adapter(peft, saved)
     for name, p in peft.named_parameters():
         if ADAPTER in name.split("."):

@@ -44,7 +44,7 @@ from .logit_head import model_head
 from .logprobs import CHUNK_MIB, at_least_float32, chunk_positions, tempered, token_stats
 from .masters import float32_masters, release
 from .adapters import lora_settings, of_adapter, saved_modules  # noqa: F401  (their home was here)
-from .scorer import SavedReward, reward_role, start_critic
+from .scorer import SavedReward, check_fit, reward_role, start_critic
 from .prefix import PromptGroups, common_prefix, distinct_prompts, shared_prefix_hidden
 from .top_layers import capture_layer_input, decoder_layers, from_layer, layer_input
 
@@ -111,6 +111,8 @@ class PolicyStack(nn.Module):
         for p in base.parameters():
             p.requires_grad_(False)
         check_lora_targets(base, lora)
+        for saved in {id(r): r for r in (reward, critic_from) if r is not None}.values():
+            check_fit(saved, base)  # a reward adapter of another model: one sentence before peft wraps the base
         self.tied = tied_embeddings(base)  # before peft wraps them
         try:
             self.peft: PeftModel = get_peft_model(base, lora_settings(lora, base), adapter_name="actor")

@@ -52,15 +52,34 @@ def reward_info(path: Path) -> dict[str, Any]:
     return info
 
 
+SECTIONS = ("model", "lora", "pairs", "rm")  # top-level entries of every reward run's config.yaml
+
+
 def stored_config(path: Path) -> RewardRunConfig:
-    """The RewardRunConfig a reward run stored; an RL run's folder is refused by name."""
-    if not is_reward_run(path):
-        if (path / MARKER).is_file():
-            raise LLMRLError(f"'{path}' is an RL run (llmrl train), not a reward run; resume it with "
-                             f"`llmrl train --resume {path}`.")
+    """The RewardRunConfig a reward run stored; an RL run's folder is refused by name, a config.yaml cut short
+    or edited into another shape in one sentence (a resume would train on with defaults for what it lost)."""
+    marker = path / MARKER
+    if not marker.is_file():
         raise LLMRLError(f"'{path}' is not a reward run folder (no {MARKER}); nothing to resume.")
-    tree = yaml.safe_load((path / MARKER).read_text())
+    try:
+        tree = yaml.safe_load(marker.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        tree, why = None, f"it is not valid YAML: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
+    else:
+        lost = [k for k in SECTIONS if not isinstance(tree, dict) or k not in tree]
+        why = f"it lacks {', '.join(lost)}" if lost else None
+    if isinstance(tree, dict) and "algo" in tree and not {"pairs", "rm"} & tree.keys():  # run/actor.RESUME_KEYS
+        raise LLMRLError(f"'{path}' is an RL run (llmrl train), not a reward run; resume it with "
+                         f"`llmrl train --resume {path}`.")
+    if why is not None:
+        raise LLMRLError(f"'{marker}' is not a whole reward run config ({why}): it was cut short or edited; restore "
+                         f"it, or start the reward run again with --overwrite.")
     return build(flatten(tree, root=RewardRunConfig), RewardRunConfig)
+
+
+def finished(path: Path) -> bool:
+    """Whether the reward run in `path` has finished: its model (reward.json) and summary.json are written."""
+    return (path / INFO).is_file() and (path / "summary.json").is_file()
 
 
 def write_reward_run(folder: RunFolder, scorer: RewardScorer, tokenizer: Any, config: RewardRunConfig,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -22,11 +23,13 @@ from typing import Any, Callable
 import torch
 
 from ..config.reward_run import RewardRunConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, LLMRLError
 from ..losses import bradley_terry, pair_stats
 from ..models.load import load_base
 from ..models.scorer import RewardScorer
-from ..run.checkpoint import list_checkpoints, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from ..models.stack import check_lora_targets
+from ..run.checkpoint import (CheckpointDamaged, list_checkpoints, load_checkpoint, restore_rng, rng_state,
+                              save_checkpoint)
 from ..run.folder import RunFolder
 from ..run.memory import peak_rss_mib
 from ..step.schedule import lr_factor
@@ -111,6 +114,7 @@ def train_reward(config: RewardRunConfig, *, overwrite: bool = False, resume: Pa
     if config.threads:
         torch.set_num_threads(config.threads)
     base, tokenizer = load_base(config.model, show_progress=show_progress)
+    check_lora_targets(base, config.lora)
     train, held = load_pairs(config.pairs, tokenizer)
     limit = config.pairs.max_length or getattr(base.config.get_text_config(), "max_position_embeddings", None)
     for split, pairs in (("train", train), ("held-out", held)):
@@ -123,10 +127,7 @@ def train_reward(config: RewardRunConfig, *, overwrite: bool = False, resume: Pa
     opt = torch.optim.AdamW(scorer.parameters_of("reward"), lr=config.rm.lr, weight_decay=config.rm.weight_decay)
     steps, first = total_steps(config, len(train)), 0
     if resume is not None and (checkpoints := list_checkpoints(path)):
-        state = load_checkpoint(checkpoints[-1], scorer)
-        opt.load_state_dict(state["optimizers"]["reward"])
-        restore_rng(state["rng"])
-        first = state["step"]
+        first = _restore(path, checkpoints, scorer, opt)
         folder.truncate_metrics(first)
     elif resume is not None:  # stopped before its first checkpoint: from the start
         folder.truncate_metrics(-1)
@@ -161,6 +162,31 @@ def train_reward(config: RewardRunConfig, *, overwrite: bool = False, resume: Pa
     write_summary(folder, summarize(config, steps, len(train), len(held), before, after, seconds, peak))
     draw_reward_curves(path)
     return RewardRunResult(path, steps, before, after, seconds, peak)
+
+
+def _restore(path: Path, checkpoints: list[Path], scorer: RewardScorer, opt: torch.optim.Optimizer) -> int:
+    """The newest readable checkpoint loaded into `scorer`, `opt` and the RNG → its step; a damaged one (cut
+    short, altered) is skipped with a warning for the one before it, as an RL run's resume does (run/state.py)."""
+    damaged: list[CheckpointDamaged] = []
+    for checkpoint in reversed(checkpoints):
+        try:
+            state = load_checkpoint(checkpoint, scorer)
+            try:
+                opt.load_state_dict(state["optimizers"]["reward"])
+                restore_rng(state["rng"])
+                step = int(state["step"])
+            except Exception as exc:  # KeyError, ValueError, TypeError, RuntimeError of a state whose bytes changed
+                raise CheckpointDamaged(f"The checkpoint file {checkpoint / 'state.pt'} holds a state that cannot be "
+                                        f"restored ({type(exc).__name__}: {str(exc).strip()[:120]}).") from None
+        except CheckpointDamaged as exc:
+            damaged.append(exc)
+            continue
+        if damaged:
+            which = "the checkpoint before it" if len(damaged) == 1 else "the newest one that can be read"
+            print(f"warning: {damaged[0]} Resuming from {which}, {checkpoint.name}.", file=sys.stderr)
+        return step
+    raise LLMRLError(f"No checkpoint of '{path}' can be read: {damaged[0]} Start the reward run again with "
+                     "--overwrite.")
 
 
 def _state(step: int, opt: torch.optim.Optimizer) -> dict[str, Any]:

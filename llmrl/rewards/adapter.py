@@ -48,6 +48,10 @@ class AdapterReward:
         self.saved: SavedReward = read_reward_adapter(folder)
         self.base: str | None = info.get("base") or self.saved.base  # the model it was trained on
         self.quantize: str = info.get("quantize", "none")
+        if not self.base:  # refused here, before any run folder is made
+            where = "its reward.json has no 'base' and " if info else ""
+            raise ConfigError(f"Reward model '{source}' names no base model ({where}its adapter_config.json has no "
+                              "base_model_name_or_path); llmrl cannot tell what to load it on.")
         self.tokenizer: Any = None
         self._scores: Scores | None = None
         self.where = "unbound"  # 'shared' (the fourth role) or 'separate'
@@ -66,12 +70,37 @@ class AdapterReward:
         return self._scores([self.text(p, c) for p, c in zip(prompts, completions, strict=True)])
 
 
+QUANTIZE = ("none", "nf4", "fp4")
+
+
 def _info(path: Path) -> dict[str, Any]:
-    try:
-        info = json.loads((path / "reward.json").read_text())
-    except (OSError, ValueError):
+    """A reward run's reward.json ({} where there is none: a peft adapter folder); one that cannot be read, or
+    whose kind, base or quantize is not what `llmrl reward train` writes, is refused in one sentence."""
+    if not (path / "reward.json").is_file():
         return {}
-    return info if isinstance(info, dict) else {}
+    try:
+        info = json.loads((path / "reward.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError, UnicodeDecodeError
+        why = f"it is not JSON: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+    else:
+        why = _wrong(info)
+    if why:
+        raise ConfigError(f"Reward run '{path}' has a reward.json llmrl cannot use ({why}); it was cut short or "
+                          "edited: restore it, or train the reward run again.")
+    return info
+
+
+def _wrong(info: Any) -> str | None:
+    """What in a parsed reward.json is not as `llmrl reward train` writes it (None: nothing)."""
+    if not isinstance(info, dict):
+        return f"it holds a {type(info).__name__}, not an object"
+    if info.get("kind") != "reward-model":
+        return f"its kind is {info.get('kind')!r}, not 'reward-model'"
+    if "base" in info and not (isinstance(info["base"], str) and info["base"]):
+        return f"its base is {info['base']!r}, not a model name"
+    if info.get("quantize", "none") not in QUANTIZE:
+        return f"its quantize is {info.get('quantize')!r}, not one of {', '.join(QUANTIZE)}"
+    return None
 
 
 def separate(reward: AdapterReward, model: ModelConfig, device: torch.device, dtype: torch.dtype) -> Scores:
@@ -83,18 +112,26 @@ def separate(reward: AdapterReward, model: ModelConfig, device: torch.device, dt
     from ..models.load import model_source
     from ..models.scorer import scores, tokenized
 
-    if not reward.base:
-        raise ConfigError(f"Reward model '{reward.source}' names no base model (its adapter_config.json has no "
-                          "base_model_name_or_path); llmrl cannot tell what to load it on.")
-    source, _ = model_source(ModelConfig(name=reward.base, trust_remote_code=model.trust_remote_code), show_progress=False)
+    from transformers.utils import logging as hf_logging
+
+    try:
+        source, _ = model_source(ModelConfig(name=str(reward.base), trust_remote_code=model.trust_remote_code),
+                                 show_progress=False)
+    except ConfigError as exc:
+        raise ConfigError(f"The base of reward model '{reward.source}' cannot be loaded: {exc}") from None
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its load report: the score head is missing from a causal LM, as it must be
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=model.trust_remote_code)
         classifier = AutoModelForSequenceClassification.from_pretrained(
             source, num_labels=1, dtype=dtype, trust_remote_code=model.trust_remote_code)
         merged = PeftModel.from_pretrained(classifier, str(adapter_folder(reward.source))).merge_and_unload()
     except Exception as exc:  # transformers and peft raise many kinds for a missing or mismatched base
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ConfigError(f"Cannot load reward model '{reward.source}' on its base '{reward.base}': {first}") from None
+        lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()] or [type(exc).__name__]
+        first = next((line for line in lines if "size mismatch" in line), lines[0]).rstrip(".:")
+        raise ConfigError(f"Cannot load reward model '{reward.source}' on its base '{reward.base}': {first}.") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     merged.to(device).eval().requires_grad_(False)
