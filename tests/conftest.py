@@ -39,12 +39,15 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
 
 @pytest.fixture(scope="session")
 def warm_tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The built-in tiny model, warm-started for real (≈ 20 s once per session): rewards are non-zero."""
-    from llmrl.models.tiny import build_tiny
+    """The built-in tiny model, warm-started for real (≈ 20 s once per session): rewards are non-zero. It is
+    the folder `--model tiny` (the default) resolves to under this session's LLMRL_CACHE_DIR (`_isolated_cache`),
+    so that whichever asks first builds it and the other reuses it: one build per session, not two."""
+    from llmrl.models.tiny import TINY_VERSION, ensure_tiny
 
     from llmrl.tasks import tiny_corpus
 
-    return build_tiny(tmp_path_factory.mktemp("warm") / "tiny", tiny_corpus(), show_progress=False)
+    cache = tmp_path_factory.getbasetemp() / "cache" / f"tiny-{TINY_VERSION}"  # default_cache_dir() there
+    return ensure_tiny(tiny_corpus, cache, show_progress=False)
 
 
 import importlib.util  # noqa: E402

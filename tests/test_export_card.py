@@ -5,7 +5,12 @@ huggingface_hub's `create_repo` and `upload_folder` make (repository, README met
 the LFS batch and PUT of the weights, the commit) and keeps what arrived, which must be the export's
 bytes. It also holds the files of an earlier push (`files`: the tree a push lists to delete what the
 export lacks) and a visibility (`exists`, `private`: what `repo_info` answers). huggingface_hub speaks Xet to the real hub when hf_xet is installed; the stand-in speaks its LFS
-protocol, so the pushes here run with HF_HUB_DISABLE_XET=1. No request leaves the machine."""
+protocol, so the pushes here run with HF_HUB_DISABLE_XET=1. No request leaves the machine.
+
+One push runs `python -m llmrl export` in a real subprocess, the environment variables as a user sets them;
+the others run the same command in this process (`_export_here`: typer's CliRunner, huggingface_hub's
+settings as those variables give them), where a subprocess's start (importing torch, transformers and
+peft again: ~10 s of CPU) would be most of each test's time."""
 
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ from typing import Any, Iterator
 from urllib.parse import urlsplit
 
 import pytest
+import torch
 import yaml
 from huggingface_hub import ModelCard
 
@@ -123,6 +129,36 @@ def _export(args: list[str], tmp_path: Path, **env: str) -> subprocess.Completed
     full.update(PYTHONPATH=str(ROOT), HF_HOME=str(tmp_path / "hf-home"), HF_HUB_DISABLE_XET="1", **env)
     return subprocess.run([sys.executable, "-m", "llmrl", "export", *args], capture_output=True, text=True, env=full,
                           timeout=600)
+
+
+def _export_here(args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, endpoint: str | None = None,
+                 token: str | None = None) -> tuple[int, str, str]:
+    """`llmrl export ARGS` in this process, as `_export` runs it: no stored Hugging Face token (the token file of
+    an empty HF_HOME), HF_ENDPOINT `endpoint`, HF_TOKEN `token`, no Xet → (exit code, stdout, stderr).
+    huggingface_hub reads HF_ENDPOINT, HF_HOME and HF_HUB_DISABLE_XET once, when imported, into its `constants`:
+    those are set here to what the variables give (HF_TOKEN it reads at each call). An exception the CLI lets
+    escape fails here, as it would print a traceback from a subprocess."""
+    from huggingface_hub import constants
+    from typer.testing import CliRunner
+
+    from llmrl.cli import app
+
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    if token is not None:
+        monkeypatch.setenv("HF_TOKEN", token)
+    home = tmp_path / "hf-home"
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint or constants._HF_DEFAULT_ENDPOINT)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(home / "token"))
+    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(home / "stored_tokens"))
+    threads = torch.get_num_threads()
+    try:
+        result = CliRunner().invoke(app, ["export", *args])
+    finally:  # the command sets `threads` for its process: the test process keeps its own count
+        torch.set_num_threads(threads)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, result.stdout, result.stderr
 
 
 def test_the_card_names_base_library_algorithm_settings_and_held_out_figures(run_dir: Path, tmp_path: Path) -> None:
@@ -333,16 +369,17 @@ def _ops(commit: list[dict]) -> dict[str, set[str]]:
 
 
 def test_a_push_deletes_what_an_earlier_push_left_and_nothing_local(run_dir: Path, tmp_path: Path,
-                                                                    hub: ThreadingHTTPServer) -> None:
+                                                                    hub: ThreadingHTTPServer,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The repository holds an earlier adapter push: a merged push's commit deletes the adapter's files
     (which the export lacks) and keeps .gitattributes; every local file stays."""
     hub.exists = True
     hub.files = [".gitattributes", "README.md", "adapter_config.json", "adapter_model.safetensors", "extra/notes.txt"]
     out, beside = tmp_path / "pushed", tmp_path / "adapter_config.json"
     beside.write_text("{}")  # a local file of the same name as a deleted one, next to the export
-    done = _export([str(run_dir), "--out", str(out), "--push-to-hub", REPO], tmp_path,
-                   HF_ENDPOINT=f"http://127.0.0.1:{hub.server_port}", HF_TOKEN=TOKEN)
-    assert done.returncode == 0, done.stderr
+    code, _, err = _export_here([str(run_dir), "--out", str(out), "--push-to-hub", REPO], tmp_path, monkeypatch,
+                                f"http://127.0.0.1:{hub.server_port}", TOKEN)
+    assert code == 0, err
     ops = _ops(hub.commit)
     assert ops["deletedFile"] == {"adapter_config.json", "adapter_model.safetensors", "extra/notes.txt"}, ops
     local = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
@@ -350,24 +387,26 @@ def test_a_push_deletes_what_an_earlier_push_left_and_nothing_local(run_dir: Pat
     assert beside.read_text() == "{}" and (out / "README.md").is_file()
 
 
-def test_private_makes_a_private_repository(run_dir: Path, tmp_path: Path, hub: ThreadingHTTPServer) -> None:
+def test_private_makes_a_private_repository(run_dir: Path, tmp_path: Path, hub: ThreadingHTTPServer,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
     hub.private = True  # what repo_info answers once the repository was made private
-    done = _export([str(run_dir), "--out", str(tmp_path / "o"), "--adapter-only", "--push-to-hub", REPO, "--private"],
-                   tmp_path, HF_ENDPOINT=f"http://127.0.0.1:{hub.server_port}", HF_TOKEN=TOKEN)
-    assert done.returncode == 0, done.stderr
+    code, _, err = _export_here([str(run_dir), "--out", str(tmp_path / "o"), "--adapter-only", "--push-to-hub", REPO,
+                                 "--private"], tmp_path, monkeypatch, f"http://127.0.0.1:{hub.server_port}", TOKEN)
+    assert code == 0, err
     assert hub.created == [{"name": "tiny-rl", "organization": "someone", "visibility": "private", "type": "model"}]
     assert "adapter_model.safetensors" in _ops(hub.commit)["lfsFile"]
 
 
 def test_private_onto_an_existing_public_repository_is_refused(run_dir: Path, tmp_path: Path,
-                                                               hub: ThreadingHTTPServer) -> None:
+                                                               hub: ThreadingHTTPServer,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """create_repo leaves an existing repository's visibility as it is: --private would publish."""
     hub.exists, hub.private = True, False
     out = tmp_path / "o"
-    done = _export([str(run_dir), "--out", str(out), "--adapter-only", "--push-to-hub", REPO, "--private"], tmp_path,
-                   HF_ENDPOINT=f"http://127.0.0.1:{hub.server_port}", HF_TOKEN=TOKEN)
-    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
-    assert done.stderr.strip() == (f"error: Did not push: '{REPO}' already exists on the hub at http://127.0.0.1:"
+    code, _, err = _export_here([str(run_dir), "--out", str(out), "--adapter-only", "--push-to-hub", REPO, "--private"],
+                                tmp_path, monkeypatch, f"http://127.0.0.1:{hub.server_port}", TOKEN)
+    assert code == 1 and "Traceback" not in err, err
+    assert err.strip() == (f"error: Did not push: '{REPO}' already exists on the hub at http://127.0.0.1:"
                                    f"{hub.server_port} and is public, and --private does not change an existing "
                                    f"repository; make it private there or push without --private; the export is in "
                                    f"'{out}'.")
@@ -380,35 +419,39 @@ def test_private_without_a_push_is_one_sentence(run_dir: Path, tmp_path: Path) -
     assert not (tmp_path / "o").exists()
 
 
-def test_no_token_is_one_sentence_before_any_export(run_dir: Path, tmp_path: Path) -> None:
-    done = _export([str(run_dir), "--out", str(tmp_path / "o"), "--push-to-hub", REPO], tmp_path)
-    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
-    assert done.stderr.strip() == ("error: --push-to-hub needs a Hugging Face token that may write to the repository: "
+def test_no_token_is_one_sentence_before_any_export(run_dir: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    code, _, err = _export_here([str(run_dir), "--out", str(tmp_path / "o"), "--push-to-hub", REPO], tmp_path,
+                                monkeypatch)
+    assert code == 2 and "Traceback" not in err, err
+    assert err.strip() == ("error: --push-to-hub needs a Hugging Face token that may write to the repository: "
                                    "set HF_TOKEN or run `hf auth login`; nothing was exported.")
     assert not (tmp_path / "o").exists()
 
 
-def test_an_unreachable_hub_is_one_sentence_and_the_export_stays(run_dir: Path, tmp_path: Path) -> None:
+def test_an_unreachable_hub_is_one_sentence_and_the_export_stays(run_dir: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     with socket.socket() as s:  # a port nothing listens on once it is closed
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path / "o"
-    done = _export([str(run_dir), "--out", str(out), "--push-to-hub", REPO], tmp_path,
-                   HF_ENDPOINT=f"http://127.0.0.1:{port}", HF_TOKEN=TOKEN)
-    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
-    lines = done.stderr.strip().splitlines()
+    code, _, err = _export_here([str(run_dir), "--out", str(out), "--push-to-hub", REPO], tmp_path, monkeypatch,
+                                f"http://127.0.0.1:{port}", TOKEN)
+    assert code == 1 and "Traceback" not in err, err
+    lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: Could not reach the hub at http://127.0.0.1:{port} ("), lines
     assert lines[0].endswith(f"; the export is in '{out}'.")
     assert (out / "model.safetensors").is_file() and (out / "README.md").is_file()
 
 
-def test_a_refused_write_is_one_sentence(run_dir: Path, tmp_path: Path, hub: ThreadingHTTPServer) -> None:
+def test_a_refused_write_is_one_sentence(run_dir: Path, tmp_path: Path, hub: ThreadingHTTPServer,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
     hub.refuse = True
     out = tmp_path / "o"
-    done = _export([str(run_dir), "--out", str(out), "--push-to-hub", REPO], tmp_path,
-                   HF_ENDPOINT=f"http://127.0.0.1:{hub.server_port}", HF_TOKEN=TOKEN)
-    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
-    assert done.stderr.strip() == (f"error: Could not push to the hub at http://127.0.0.1:{hub.server_port}: it refused "
+    code, _, err = _export_here([str(run_dir), "--out", str(out), "--push-to-hub", REPO], tmp_path, monkeypatch,
+                                f"http://127.0.0.1:{hub.server_port}", TOKEN)
+    assert code == 1 and "Traceback" not in err, err
+    assert err.strip() == (f"error: Could not push to the hub at http://127.0.0.1:{hub.server_port}: it refused "
                                    f"to let this token write to '{REPO}' (HTTP 403); use a token with write access; "
                                    f"the export is in '{out}'.")
     assert (out / "model.safetensors").is_file() and not hub.commit

@@ -31,8 +31,9 @@ def _cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None)
 # ---- 15: a real model gets a real model's defaults; the built-in tiny keeps its own ----------------
 
 def _resolved(*args: str) -> dict:
-    done = _cli("config", "--yaml", *args)
-    assert done.returncode == 0, done.stderr
+    """`llmrl config --yaml ARGS` in this process: the settings a run would take (no terminal involved)."""
+    done = CliRunner().invoke(app, ["config", "--yaml", *args])
+    assert done.exit_code == 0 and done.exception is None, (done.stderr, done.exception)
     return yaml.safe_load(done.stdout)
 
 
