@@ -21,6 +21,7 @@ from .envs import ENVS, EnvSpec, call_format, resolve_env
 from .envs.checks import preflight
 from .errors import ConfigError
 from .run.actor import load_actor
+from .run.reward_role import bind_for_evaluation
 from .run.evaluate import evaluate, evaluate_episodes, evaluate_sampled, evaluate_sampled_episodes, with_groups
 from .models.load import load_base
 from .models.prompts import uses_chat
@@ -127,6 +128,7 @@ def eval_model(
     target = load_target(model, device=device, show_progress=show_progress)
     cfg = target.config
     chosen = resolve_task(task, target, dataset, reward, system_prompt)
+    bind_for_evaluation(chosen, cfg)  # a reward run among its rewards scores as a separate classifier
     rows = chosen.eval[: cfg.eval.size if size is None else size]
     if not rows:
         raise ConfigError(_no_prompts(chosen, target))

@@ -187,6 +187,10 @@ def test_train_reward_cli_says_the_fourth_role(reward_run: Path, tiny_model_dir:
     kl, gold, proxy = gold_proxy(read_run(tmp_path / "rl"))
     assert len(kl) == 3 and kl[0] == 0 and kl[1] == rows[0]["kl"] and gold[1] == rows[0]["eval_gold_accuracy"]
     assert proxy[1] == rows[0]["eval_reward"] and (tmp_path / "rl/curves.png").is_file()
+    from llmrl.model_eval import eval_model  # `llmrl eval` of the run: its reward run scores, as a classifier
+
+    report = eval_model(str(tmp_path / "rl"), size=8, samples=0)
+    assert report["greedy"]["reward_mean"] == pytest.approx(proxy[-1], abs=1e-5)  # the run's own last evaluation
 
 
 def test_critic_starts_from_the_reward_model(reward_run: Path, tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -80,8 +80,19 @@ def bind_rewards(task: Task, config: Config, stack: PolicyStack, tokenizer: Any,
             say(f"Reward model {reward.source}: on the actor's base as a fourth role (adapter 'reward' and its "
                 f"score head, no second copy of the weights){note}.")
             continue
-        dtype = torch_dtype(config.model.dtype, config.model.device, config.model.name)
-        score = separate(reward, config.model, resolve_device(config.model.device), dtype)
-        reward.bind(score, reward.tokenizer, "separate")
+        bind_separately(reward, config)
         say(f"Reward model {reward.source}: its base ({reward.base}) is not the model trained "
             f"({config.model.name}), so it is loaded as a separate classifier.")
+
+
+def bind_separately(reward: AdapterReward, config: Config) -> None:
+    """`reward` as a separate classifier on its own base (`rewards/adapter.separate`), in the run's dtype."""
+    dtype = torch_dtype(config.model.dtype, config.model.device, config.model.name)
+    reward.bind(separate(reward, config.model, resolve_device(config.model.device), dtype), reward.tokenizer, "separate")
+
+
+def bind_for_evaluation(task: Task, config: Config) -> None:
+    """`llmrl eval` of a run trained against a reward adapter: each one scores as a separate classifier (the
+    evaluated stack holds the actor only)."""
+    for reward in adapter_rewards(task):
+        bind_separately(reward, config)
