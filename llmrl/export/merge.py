@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import uuid
 from dataclasses import replace
 from pathlib import Path
 
-from transformers.utils import logging as hf_logging
 
 from ..errors import LLMRLError
 from ..run.actor import actor_source, load_actor, merge_actor, run_config
@@ -28,7 +26,7 @@ from ..reward_model.folder import is_reward_run
 from .card import card
 from .hub import hub_token, push
 from .names import point_adapter
-from .output import EXPORT_MARKERS, Exported, check_out, publish, unquantized
+from .output import EXPORT_MARKERS, Exported, check_out, publish, unquantized, write_export
 
 __all__ = ["EXPORT_MARKERS", "Exported", "check_out", "export_run"]
 
@@ -74,23 +72,13 @@ def export_run(run_dir: str | Path, out: str | Path, *, dtype: str = "float32", 
     token = hub_token(push_to_hub) if push_to_hub else None  # before minutes of merging
     config = run_config(run_dir)
     kind = "adapter" if adapter_only else "merged"
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        tmp.mkdir(parents=True)
-        was = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()
-        try:
-            (_write_adapter if adapter_only else _write_merged)(run_dir, tmp, dtype)
-        finally:
-            if was:
-                hf_logging.enable_progress_bar()
+
+    def write(tmp: Path) -> None:
+        (_write_adapter if adapter_only else _write_merged)(run_dir, tmp, dtype)
         point_adapter(tmp, config.model.name)  # the adapter names its base by hub id or not at all
         card(config, run_dir, source, kind, dtype, push_to_hub or out.name).save(tmp / "README.md")
-        publish(tmp, out)
-    except OSError as exc:
-        raise LLMRLError(f"Cannot write the export to '{out}': {exc.strerror or exc}.", exit_code=1) from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    write_export(out, write)
     done = Exported(out, kind, dtype, source.describe(), config.model.quantize)
     if push_to_hub:
         url = push(out, push_to_hub, token or "", f"llmrl export of the run {run_dir.name} ({kind}, {dtype})", private)

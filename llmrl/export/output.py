@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from transformers import PreTrainedModel
+from transformers.utils import logging as hf_logging
 
 from ..errors import LLMRLError
 from ..run.folder import MARKER, RUN_PARTS
@@ -66,6 +69,26 @@ def _readable(folder: Path) -> None:
     for f in folder.iterdir():
         if f.is_file():
             f.chmod(0o666 & ~umask)
+
+
+def write_export(out: Path, write: Callable[[Path], None]) -> None:
+    """`write(tmp)` into a temporary sibling folder of `out` with transformers' progress bars off, then the
+    folder renamed into place (`publish`): a failed export never leaves a half-written folder under `out`."""
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir(parents=True)
+        was = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        try:
+            write(tmp)
+        finally:
+            if was:
+                hf_logging.enable_progress_bar()
+        publish(tmp, out)
+    except OSError as exc:
+        raise LLMRLError(f"Cannot write the export to '{out}': {exc.strerror or exc}.", exit_code=1) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def publish(tmp: Path, out: Path) -> None:

@@ -22,10 +22,8 @@ A reward run whose adapter is missing or damaged, or whose base cannot be loaded
 from __future__ import annotations
 
 import copy
-import os
 import shutil
 import sys
-import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -35,7 +33,6 @@ import yaml
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
-from transformers.utils import logging as hf_logging
 
 from ..config.reward_run import RewardRunConfig
 from ..config.schema import LoraConfig, ModelConfig
@@ -47,7 +44,7 @@ from ..models.scorer import RewardScorer, read_reward_adapter
 from ..reward_model.folder import reward_info, stored_config
 from ..run.folder import MARKER
 from .hub import hub_token, push
-from .output import Exported, check_out, publish, unquantized
+from .output import Exported, check_out, unquantized, write_export
 from .names import point_adapter
 from .reward_card import reward_card
 
@@ -197,23 +194,13 @@ def export_reward(run_dir: Path, out: Path, *, dtype: str, adapter_only: bool, o
     check_out(out, overwrite, run_dir)
     token = hub_token(push_to_hub) if push_to_hub else None  # before minutes of merging
     kind = "adapter" if adapter_only else "merged"
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        tmp.mkdir(parents=True)
-        was = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()
-        try:
-            (write_adapter if adapter_only else write_merged)(run, tmp, dtype)
-        finally:
-            if was:
-                hf_logging.enable_progress_bar()
+
+    def write(tmp: Path) -> None:
+        (write_adapter if adapter_only else write_merged)(run, tmp, dtype)
         point_adapter(tmp, run.model.name)  # the adapter names its base by hub id or not at all
         reward_card(run.path, run.model, run.config, run.pad_id, kind, dtype, push_to_hub or out.name).save(tmp / "README.md")
-        publish(tmp, out)
-    except OSError as exc:
-        raise LLMRLError(f"Cannot write the export to '{out}': {exc.strerror or exc}.", exit_code=1) from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    write_export(out, write)
     done = Exported(out, kind, dtype, f"adapter {run.adapter}", run.model.quantize, task="reward")
     if push_to_hub:
         url = push(out, push_to_hub, token or "", f"llmrl export of the reward run {run_dir.name} ({kind}, {dtype})",
