@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 
 import llmrl.run.loop as loop
 from llmrl.config.load import field_types, load_config, parse_override
+from llmrl.config.reward_run import RewardRunConfig, load_reward_config
 from llmrl.errors import LLMRLError
 from tests.fuzzing import count, edge_values
 from tests.helpers import CLI_SMALL, cli_run
@@ -244,3 +245,37 @@ def test_a_seed_at_the_edge_of_the_integer_range(tmp_path: Path) -> None:
         code, out, err = cli_run(["train", "--seed", seed, "--out", str(tmp_path / "r")])
         _one_sentence(code, out, err, (2,))
         assert "'seed' must be" in err and not (tmp_path / "r").exists(), err
+
+
+# ---- a reward run's settings (issue 67): `llmrl reward train --set`, config/reward_run.py ----------
+
+REWARD_KEYS = field_types(RewardRunConfig)
+
+
+@pytest.mark.parametrize("section", sorted({key.split(".")[0] for key in REWARD_KEYS}))
+def test_reward_run_edge_values_load_or_are_refused_in_one_sentence(section: str) -> None:
+    """Every key of a reward run (its own pairs.* and rm.*, and model.*, lora.*, checkpoint.* as it reads them):
+    each edge value loads or is one sentence, exit 2 (in-process, milliseconds each)."""
+    for key in sorted(k for k in REWARD_KEYS if k.split(".")[0] == section):
+        tp, f = REWARD_KEYS[key]
+        for raw in edge_values(tp, dict(f.metadata)):
+            try:
+                load_reward_config(sets=[f"{key}={raw}"])
+            except LLMRLError as exc:
+                assert exc.exit_code == 2 and len(str(exc).strip().splitlines()) == 1, (key, raw, str(exc))
+                count("config: reward run edge values", "refused")
+            else:
+                count("config: reward run edge values", "ran")
+
+
+@pytest.mark.parametrize("setting", ["rm.batch_size=9223372036854775807", "rm.batch_size=12"])
+def test_a_reward_batch_above_the_pairs_is_refused(setting: str, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """rm.batch_size above the training pairs: one sentence (the largest accepted value built a list of 2^63
+    positions for its first step, and never began)."""
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{a}+1=", "chosen": str(a + 1), "rejected": str(a + 2)}) + "\n"
+                            for a in range(12)))
+    code, out, err = cli_run(["reward", "train", "--model", str(tiny_model_dir), "--data", str(data), "--out",
+                              str(tmp_path / "r"), "--set", "threads=1", "--set", setting])
+    _one_sentence(code, out, err, (2,))
+    assert f"exceeds the 11 training pairs of '{data}', so a step would read a pair twice; set it to at most 11." in err

@@ -208,3 +208,47 @@ def test_a_damaged_recipe(tiny_model_dir: Path, tmp_path: Path) -> None:
         _place(bad, content)
         check("file: recipe", ["train", "--recipe", str(bad), *_train(tiny_model_dir, tmp_path / "run")[1:]], bad,
               recipes)
+
+
+# ---- a reward run's files and preference pairs (issue 67) -----------------------------------------
+
+@pytest.fixture(scope="module")
+def reward_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished reward run on the tiny model, built by hand with plain peft (tests/reward_runs.py)."""
+    from tests.reward_runs import build_reward_run
+
+    run = tmp_path_factory.mktemp("fuzz-reward") / "rm"
+    build_reward_run(run, tiny_model_dir)
+    return run
+
+
+@pytest.mark.parametrize("rel", ["reward.json", "adapter/adapter_config.json", "adapter/adapter_model.safetensors"])
+def test_a_damaged_reward_run_given_as_the_reward(reward_run: Path, tiny_model_dir: Path, tmp_path: Path,
+                                                  rel: str) -> None:
+    """`llmrl train --reward RUN` with each of the reward run's files damaged: it scores (a flipped byte inside a
+    tensor is another weight), or one sentence naming the run or its adapter; the reward run is left as it was."""
+    score = lambda run: _train(tiny_model_dir, tmp_path / "out", "--reward", str(run))  # noqa: E731
+    family = {"reward.json": "file: reward.json", "adapter/adapter_config.json": "file: reward adapter config",
+              "adapter/adapter_model.safetensors": "file: reward adapter weights"}[rel]
+    _each_damaged(reward_run, tmp_path, rel, family, score,
+                  names=lambda run: (str(run),))
+
+
+def test_a_damaged_reward_run_config_on_resume(reward_run: Path, tmp_path: Path) -> None:
+    """`llmrl reward train --resume RUN` with config.yaml damaged: one sentence naming it (the run is finished, so
+    one that still reads is left alone, exit 0)."""
+    resume = lambda run: ["reward", "train", "--resume", str(run)]  # noqa: E731
+    _each_damaged(reward_run, tmp_path, "config.yaml", "file: reward run config.yaml", resume)
+
+
+def test_a_damaged_preference_dataset(tiny_model_dir: Path, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    good = "".join(json.dumps({"prompt": f"{a}+1=", "chosen": str(a + 1), "rejected": str(a + 2)}) + "\n"
+                   for a in range(12)).encode()
+    for i, (label, content) in enumerate(damaged(good)):
+        bad = data / f"p{i}.jsonl"
+        _place(bad, content)
+        check("file: preference pairs", ["reward", "train", "--model", str(tiny_model_dir), "--data", str(bad), "--out",
+                                         str(tmp_path / "run"), "--overwrite", "--set", "threads=1", "--set",
+                                         "pairs.eval_fraction=0.2"], bad, data)

@@ -120,6 +120,9 @@ def train_reward(config: RewardRunConfig, *, overwrite: bool = False, resume: Pa
     for split, pairs in (("train", train), ("held-out", held)):
         if limit:
             check_lengths(pairs, tokenizer, limit, split)
+    if config.rm.batch_size > len(train):  # a step would read a pair twice (and a huge one never ends)
+        raise ConfigError(f"'rm.batch_size' ({config.rm.batch_size}) exceeds the {len(train)} training pairs of "
+                          f"'{config.pairs.dataset}', so a step would read a pair twice; set it to at most {len(train)}.")
     path = Path(config.out) if config.out else default_out(config)
     folder = RunFolder.open(path) if resume is not None else RunFolder.create(path, overwrite)
     torch.manual_seed(config.seed)

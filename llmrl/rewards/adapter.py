@@ -27,7 +27,7 @@ def adapter_folder(source: str) -> Path | None:
     """The adapter folder `source` names (RUN/adapter of a reward run, or `source` itself when it holds a peft
     SEQ_CLS adapter); None for anything else (a plain classifier folder, a hub id)."""
     path = Path(source).expanduser()
-    if (path / "reward.json").is_file():
+    if (path / "reward.json").exists():  # a reward run's folder (its reward.json, even damaged: _info says so)
         return path / "adapter"
     try:
         raw = json.loads((path / "adapter_config.json").read_text())
@@ -76,11 +76,13 @@ QUANTIZE = ("none", "nf4", "fp4")
 def _info(path: Path) -> dict[str, Any]:
     """A reward run's reward.json ({} where there is none: a peft adapter folder); one that cannot be read, or
     whose kind, base or quantize is not what `llmrl reward train` writes, is refused in one sentence."""
-    if not (path / "reward.json").is_file():
+    if not (path / "reward.json").exists():
         return {}
     try:
         info = json.loads((path / "reward.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError, UnicodeDecodeError
+    except OSError as exc:  # a folder in its place, no permission
+        why = f"it cannot be read: {exc.strerror or type(exc).__name__}"
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
         why = f"it is not JSON: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
     else:
         why = _wrong(info)
