@@ -238,3 +238,35 @@ def test_a_reward_run_on_another_base_is_a_separate_classifier(reward_run: Path,
     scorer = RewardScorer(base, load_reward_config().lora, 0, read_reward_adapter(reward_run / "adapter"))
     ids, mask = tokenized(tokenizer, [p + c for p, c in zip(prompts, completions)], torch.device("cpu"))
     torch.testing.assert_close(theirs, scorer(ids, mask, tokenizer.pad_token_id).detach(), atol=1e-5, rtol=0)
+
+
+def test_conversational_trl_pairs_end_to_end(tmp_path: Path) -> None:
+    """TRL's conversational preference format (prompt messages, chosen/rejected assistant messages) through
+    `llmrl reward train` on a model with a chat template, then scored in an RL run's way: the text of
+    (prompt messages, completion) is the training pair's text, and the reward run ranks the pairs it learned."""
+    from tests.conftest import make_tiny_model
+    from llmrl.models.prompts import reward_text
+    from llmrl.models.tokenizer import build_char_tokenizer
+    from llmrl.tasks.preferences import load_pairs
+
+    model = tmp_path / "chat-model"
+    make_tiny_model().save_pretrained(model)
+    tok = build_char_tokenizer()
+    tok.chat_template = "{% for m in messages %}({{ m['content'] }}){% endfor %}{% if add_generation_prompt %}={% endif %}"
+    tok.save_pretrained(model)
+    rng = random.Random(0)
+    with (tmp_path / "chat.jsonl").open("w") as fh:
+        for _ in range(64):
+            a, b = rng.randrange(50), rng.randrange(50)
+            fh.write(json.dumps({"prompt": [{"role": "user", "content": f"{a}+{b}"}],
+                                 "chosen": [{"role": "assistant", "content": f"{a + b}=0"}],
+                                 "rejected": [{"role": "assistant", "content": f"{a + b + 1}=1"}]}) + "\n")
+    config = reward_config(model, tmp_path / "chat.jsonl", tmp_path / "rm")
+    result = train_reward(config, show_progress=False)
+    assert result.after["eval_accuracy"] == 1.0 and result.after["eval_loss"] < 0.5 * result.before["eval_loss"]
+    base, tokenizer = load_base(config.model, False)
+    train, _ = load_pairs(config.pairs, tokenizer)
+    first = json.loads((tmp_path / "chat.jsonl").read_text().splitlines()[0])
+    text = reward_text(tokenizer, first["prompt"], first["chosen"][0]["content"])
+    assert text in {p.chosen for p in train} | {p.chosen for p in load_pairs(config.pairs, tokenizer)[1]}
+    assert text.startswith("(") and text.endswith("=0)")
