@@ -270,3 +270,29 @@ def test_conversational_trl_pairs_end_to_end(tmp_path: Path) -> None:
     text = reward_text(tokenizer, first["prompt"], first["chosen"][0]["content"])
     assert text in {p.chosen for p in train} | {p.chosen for p in load_pairs(config.pairs, tokenizer)[1]}
     assert text.startswith("(") and text.endswith("=0)")
+
+
+def test_sigterm_stops_at_a_step_with_a_checkpoint(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The first SIGTERM ends the step under way, writes its checkpoint, exits 130 and names --resume; the
+    resumed run then ends as an uninterrupted one would (same metrics but timings, same adapter)."""
+    import signal
+    import time
+
+    data = write_pairs(tmp_path / "pairs.jsonl", 160)
+    env = {**os.environ, "LLMRL_CACHE_DIR": str(tmp_path / "cache")}
+    cmd = [*LLMRL, "reward", "train", "--model", str(tiny_model_dir), "--data", str(data), "--set", "rm.epochs=4",
+           "--set", "checkpoint.every=1000", "--set", "lora.r=4", "--set", "rm.eval_every=0"]
+    proc = subprocess.Popen([*cmd, "--out", str(tmp_path / "stopped")], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    metrics, deadline = tmp_path / "stopped/metrics.jsonl", time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 4):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "--resume" in err and "Traceback" not in err and (tmp_path / "stopped/checkpoints").is_dir()
+    done = subprocess.run([*LLMRL, "reward", "train", "--resume", str(tmp_path / "stopped")], env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    subprocess.run([*cmd, "--out", str(tmp_path / "full")], env=env, check=True, capture_output=True)
+    assert run_metrics(tmp_path / "stopped") == run_metrics(tmp_path / "full")

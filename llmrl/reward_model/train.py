@@ -31,11 +31,19 @@ from ..models.stack import check_lora_targets
 from ..run.checkpoint import (CheckpointDamaged, list_checkpoints, load_checkpoint, restore_rng, rng_state,
                               save_checkpoint)
 from ..run.folder import RunFolder
+from ..run.signals import graceful_stop
 from ..run.memory import peak_rss_mib
 from ..step.schedule import lr_factor
 from ..tasks.preferences import Pair, check_lengths, load_pairs
 from .folder import draw_reward_curves, stored_config, write_reward_run, write_summary
 from .pairs_eval import margins_of, pair_forward, score_pairs
+
+class RunStopped(LLMRLError):
+    """A reward run stopped by a signal at a step boundary, its checkpoint written (exit 130, as Ctrl-C)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, exit_code=130)
+
 
 Progress = Callable[[int, int, dict[str, float]], None]  # (step, steps, metrics) after each optimizer step
 
@@ -142,20 +150,8 @@ def train_reward(config: RewardRunConfig, *, overwrite: bool = False, resume: Pa
     if first == 0 and before:
         folder.log_metrics({"step": 0, **before})
     warmup = int(config.rm.warmup_ratio * steps)
-    for step in range(first, steps):
-        for group in opt.param_groups:
-            group["lr"] = config.rm.lr * lr_factor(step, steps, config.rm.lr_schedule, warmup)
-        t0 = time.perf_counter()
-        row = update(scorer, tokenizer, step_pairs(train, config.seed, step, config.rm.batch_size), opt, config)
-        row = {"step": step + 1, **row, "lr": opt.param_groups[0]["lr"], "step_time_s": time.perf_counter() - t0}
-        every = config.rm.eval_every
-        if every and (step + 1) % every == 0 and step + 1 < steps:
-            row.update(held_out(scorer, tokenizer, held, config))
-        folder.log_metrics(row)
-        if config.checkpoint.every and (step + 1) % config.checkpoint.every == 0 and step + 1 < steps:
-            save_checkpoint(path, step + 1, scorer, _state(step + 1, opt), config.checkpoint.keep)
-        if progress is not None:
-            progress(step + 1, steps, row)
+    with graceful_stop() as stop:
+        _loop(scorer, tokenizer, train, held, opt, folder, config, first, steps, warmup, stop, progress)
     after = held_out(scorer, tokenizer, held, config)
     if after:
         folder.log_metrics({"step": steps, **after})
@@ -190,6 +186,32 @@ def _restore(path: Path, checkpoints: list[Path], scorer: RewardScorer, opt: tor
         return step
     raise LLMRLError(f"No checkpoint of '{path}' can be read: {damaged[0]} Start the reward run again with "
                      "--overwrite.")
+
+
+def _loop(scorer: RewardScorer, tokenizer: Any, train: list[Pair], held: list[Pair], opt: torch.optim.Optimizer,
+          folder: RunFolder, config: RewardRunConfig, first: int, steps: int, warmup: int, stop: Any,
+          progress: Progress | None) -> None:
+    """Optimizer steps first … steps−1 (the module docstring); a first Ctrl-C, SIGTERM or SIGHUP ends the
+    step under way, writes a checkpoint there and stops the run (RunStopped): `--resume` goes on from it."""
+    path = folder.path
+    for step in range(first, steps):
+        for group in opt.param_groups:
+            group["lr"] = config.rm.lr * lr_factor(step, steps, config.rm.lr_schedule, warmup)
+        t0 = time.perf_counter()
+        row = update(scorer, tokenizer, step_pairs(train, config.seed, step, config.rm.batch_size), opt, config)
+        row = {"step": step + 1, **row, "lr": opt.param_groups[0]["lr"], "step_time_s": time.perf_counter() - t0}
+        every = config.rm.eval_every
+        if every and (step + 1) % every == 0 and step + 1 < steps:
+            row.update(held_out(scorer, tokenizer, held, config))
+        folder.log_metrics(row)
+        if config.checkpoint.every and (step + 1) % config.checkpoint.every == 0 and step + 1 < steps:
+            save_checkpoint(path, step + 1, scorer, _state(step + 1, opt), config.checkpoint.keep)
+        if progress is not None:
+            progress(step + 1, steps, row)
+        if stop.requested and step + 1 < steps:
+            save_checkpoint(path, step + 1, scorer, _state(step + 1, opt), config.checkpoint.keep)
+            raise RunStopped(f"Stopped after step {step + 1} of {steps}; the checkpoint is saved: continue with "
+                             f"`llmrl reward train --resume {path}`.")
 
 
 def _state(step: int, opt: torch.optim.Optimizer) -> dict[str, Any]:
