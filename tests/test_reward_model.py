@@ -296,3 +296,18 @@ def test_sigterm_stops_at_a_step_with_a_checkpoint(tiny_model_dir: Path, tmp_pat
     assert done.returncode == 0, done.stderr
     subprocess.run([*cmd, "--out", str(tmp_path / "full")], env=env, check=True, capture_output=True)
     assert run_metrics(tmp_path / "stopped") == run_metrics(tmp_path / "full")
+
+
+def test_a_reward_model_trains_on_a_4bit_base(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`model.quantize=nf4`: the base's linear layers held by bitsandbytes in 4 bits under the reward adapter;
+    the run learns (the marker ranked right, the held-out loss halved) and its reward.json names the base's
+    quantisation, which an RL run compares with its own."""
+    from llmrl.models.quantized import four_bit_layers
+
+    config = reward_config(tiny_model_dir, write_pairs(tmp_path / "pairs.jsonl"), tmp_path / "rm",
+                           "model.quantize=nf4")
+    base, _ = load_base(config.model, False)
+    assert four_bit_layers(base)
+    result = train_reward(config, show_progress=False)
+    assert result.after["eval_accuracy"] == 1.0 and result.after["eval_loss"] < 0.5 * result.before["eval_loss"]
+    assert json.loads((tmp_path / "rm/reward.json").read_text())["quantize"] == "nf4"
