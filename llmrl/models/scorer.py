@@ -273,11 +273,15 @@ def start_critic(peft: PeftModel, value_head: nn.Linear, saved: SavedReward) -> 
 def stack_scores(stack: Any, tokenizer: Any, texts: Sequence[str], batch_size: int) -> list[float]:
     """r(x, y) of each text through the stack's `reward` role (no_grad, adapters switched), `batch_size`
     texts per forward, right-padded."""
-    out: list[float] = []
-    device = stack.reward_head.weight.device
     with stack.use("reward"):
-        decoder = stack.lm.get_decoder()
-        for start in range(0, len(texts), batch_size):
-            ids, mask = tokenized(tokenizer, texts[start:start + batch_size], device)
-            out += scores(decoder, stack.reward_head, ids, mask, tokenizer.pad_token_id).tolist()
+        return text_scores(stack.lm.get_decoder(), stack.reward_head, tokenizer, texts, batch_size)
+
+
+@torch.no_grad()
+def text_scores(decoder: nn.Module, head: nn.Linear, tokenizer: Any, texts: Sequence[str], batch_size: int) -> list[float]:
+    """r of each text (`scores`), `batch_size` texts per no-grad forward, right-padded, on the head's device."""
+    out: list[float] = []
+    for start in range(0, len(texts), batch_size):
+        ids, mask = tokenized(tokenizer, texts[start:start + batch_size], head.weight.device)
+        out += scores(decoder, head, ids, mask, tokenizer.pad_token_id).tolist()
     return out

@@ -112,7 +112,7 @@ def separate(reward: AdapterReward, model: ModelConfig, device: torch.device, dt
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from ..models.load import model_source
-    from ..models.scorer import scores, tokenized
+    from ..models.scorer import text_scores
 
     from transformers.utils import logging as hf_logging
 
@@ -139,13 +139,5 @@ def separate(reward: AdapterReward, model: ModelConfig, device: torch.device, dt
     merged.to(device).eval().requires_grad_(False)
     decoder, head = merged.base_model, merged.score
 
-    @torch.no_grad()
-    def score(texts: Sequence[str]) -> list[float]:
-        out: list[float] = []
-        for start in range(0, len(texts), reward.batch_size):
-            ids, mask = tokenized(tokenizer, texts[start:start + reward.batch_size], device)
-            out += scores(decoder, head, ids, mask, tokenizer.pad_token_id).tolist()
-        return out
-
     reward.tokenizer = tokenizer
-    return score
+    return lambda texts: text_scores(decoder, head, tokenizer, texts, reward.batch_size)
