@@ -30,7 +30,7 @@ from ..models.scorer import RewardScorer
 from ..models.stack import check_lora_targets
 from ..run.checkpoint import (CheckpointDamaged, list_checkpoints, load_checkpoint, restore_rng, rng_state,
                               save_checkpoint)
-from ..run.folder import RunFolder
+from ..run.folder import RunFolder, json_lines
 from ..run.signals import graceful_stop
 from ..run.memory import peak_rss_mib
 from ..step.schedule import lr_factor
@@ -221,8 +221,6 @@ def _state(step: int, opt: torch.optim.Optimizer) -> dict[str, Any]:
 
 def _first_eval(folder: RunFolder) -> dict[str, float]:
     """The held-out metrics the run logged at step 0 (a resumed run reports its own 'before')."""
-    from ..run.folder import json_lines
-
     rows = [r for r in json_lines(folder.path / "metrics.jsonl") if r.get("step") == 0 and "eval_accuracy" in r]
     return {k: v for k, v in rows[0].items() if k != "step"} if rows else {}
 

@@ -18,6 +18,7 @@ import torch
 
 from ..config.schema import ModelConfig
 from ..errors import ConfigError
+from ..models.prompts import reward_text
 from ..models.scorer import SavedReward, read_reward_adapter
 
 Scores = Callable[[Sequence[str]], list[float]]  # texts → r per text
@@ -60,8 +61,6 @@ class AdapterReward:
         self._scores, self.tokenizer, self.where = scores, tokenizer, where
 
     def text(self, prompt: Any, completion: str) -> str:
-        from ..models.prompts import reward_text
-
         return reward_text(self.tokenizer, prompt, completion)
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **columns: Any) -> list[float]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..config import Config
+from ..config.schema import ModelConfig
 from ..errors import ConfigError
 from ..models.load import model_source, resolve_device, torch_dtype
 from ..models.scorer import SavedReward, stack_scores
@@ -29,17 +30,11 @@ def adapter_rewards(task: Task) -> list[AdapterReward]:
 def _where(name: str) -> str:
     """A model name as a comparable place: its resolved folder where it is local or obtained, else the name."""
     try:
-        source, _ = model_source(_model(name), show_progress=False)
+        source, _ = model_source(ModelConfig(name=name), show_progress=False)
     except ConfigError:
         return name
     path = Path(source).expanduser()
     return str(path.resolve()) if path.exists() else source
-
-
-def _model(name: str) -> Any:
-    from ..config.schema import ModelConfig
-
-    return ModelConfig(name=name)
 
 
 def shared_reward(task: Task, config: Config) -> AdapterReward | None:
