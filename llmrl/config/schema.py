@@ -281,10 +281,10 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class RewardConfig:
-    functions: list[dict[str, Any]] | None = opt(
-        None, "rewards summed with weights, e.g. [{name: numeric, weight: 1.0}, {name: my.mod:fn, weight: 0.5}, "
+    functions: list[dict[str, Any]] | None = opt(None, "rewards summed with weights, e.g. [{name: numeric, weight: 1.0}, {name: my.mod:fn, weight: 0.5}, "
         "{model: reward-model-folder, weight: 0.2}]; names: exact_match, numeric, first_number, math, format, length_penalty, "
-        "module:function, file.py:function; default: the task's own reward",
+        "module:function, file.py:function; a model: a classifier folder, or a reward run (`llmrl reward train`; on the "
+        "actor's base a fourth role); default: the task's own reward",
     )
     success: float = opt(1.0, "with reward.functions: a completion counts as correct when its total reward ≥ this")
     batch_size: int = opt(16, "completions per forward pass of a reward model", min=1)
