@@ -19,6 +19,7 @@ LAYERS = [
     ["tasks", "rewards", "envs"],
     ["parallel"],
     ["engines"],
+    ["memory"],
     ["step"],
     ["run"],
     ["reward_model"],
