@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .domains import LR_MAX, SEED_MAX
+from .memory import MemoryConfig
 
 
 REJECTING_CORRECTIONS = ("token_mask", "seq_mask")
@@ -364,12 +365,10 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class DistConfig:
-    timeout_s: float = opt(
-        600.0, "torchrun runs: seconds a process waits for the others in a collective before the run stops", gt=0
-    )
-    shard_base: bool = opt(
-        False, "torchrun runs: shard the frozen base model's decoder layers over the processes with FSDP2 (fully_shard)"
-    )
+    timeout_s: float = opt(600.0, "torchrun runs: seconds a process waits for the others in a collective before the "
+                           "run stops", gt=0)
+    shard_base: bool = opt(False, "torchrun runs: shard the frozen base model's decoder layers over the processes "
+                           "with FSDP2 (fully_shard)")
 
 
 @dataclass(frozen=True)
@@ -398,3 +397,4 @@ class Config:
     mix: MixConfig = field(default_factory=MixConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)

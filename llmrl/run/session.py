@@ -24,6 +24,7 @@ from ..errors import ConfigError
 from ..estimators import EstimatorSpec, get_estimator, import_user_module
 from ..kl_control import KLController
 from ..losses import resolve_policy_loss
+from ..memory.allocator import set_allocator
 from ..models.load import load_base
 from ..models.prompts import apply_chat_setting, tokenize_prompts
 from ..models.stack import PolicyStack
@@ -116,6 +117,7 @@ def plan_for(config: Config, spec: EstimatorSpec, stack: PolicyStack, own_weight
 def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: bool = False,
           dist: DistContext = SINGLE) -> Session:
     """Load the task and model, build the stack, engine and optimizers, create (or reopen) the run folder."""
+    set_allocator(config.memory.allocator)  # before anything large is allocated (memory/allocator.py)
     spec = resolve_estimator(config)
     check_engine(config.rollout.engine, config)
     resolve_policy_loss(config.update.policy_loss, config.update.policy_loss_module, config.update.dual_clip)
