@@ -19,7 +19,8 @@ for rep in $(seq 1 "$reps"); do
     rc=0; (cd "$wt" && /usr/bin/time -f "%e %U %M" -o "$log.time" "$py" -m llmrl "$@" --out "$run/run" --overwrite > "$log" 2>&1) || rc=$?
     if [ "$rc" != 0 ]; then echo "$hash: exit $rc: $(tail -2 "$log")" >&2; exit "$rc"; fi
     acc=$(grep -o 'held-out accuracy (greedy) *│ *[0-9.]* % → [0-9.]* %' "$log" | sed 's/.*│ *//' || true)
-    read -r wall user rss < "$log.time"
+    read -r wall user rss < "$log.time"  # %M: a run since issue 68 restarts VmHWM per phase; its summary keeps the peak
+    s=$("$py" -c "import json,sys; print(round(json.load(open(sys.argv[1]))['peak_rss_mib']*1024))" "$run/run/summary.json" 2>/dev/null || echo 0); [ "$s" -gt "$rss" ] && rss=$s
     printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$hash" "$rep" "$wall" "$user" "$rss" "$acc" | tee -a "$out"
     rm -rf "$run" "$log" "$log.time"
   done

@@ -82,8 +82,10 @@ def resume_equals(full: Path, killed: Path, env: dict[str, str], after_step: int
 
 
 def is_timing(key: str) -> bool:
-    """A metrics-row key that holds wall seconds (`step_time_s`, `time_<phase>_s`): never compared."""
-    return key == "step_time_s" or (key.startswith("time_") and key.endswith("_s"))
+    """A metrics-row key that is measured, not computed: wall seconds (`step_time_s`, `time_<phase>_s`)
+    or a phase's peak memory (`peak_rss_<phase>_mib`, `peak_cuda_<phase>_mib`): never compared."""
+    return (key == "step_time_s" or (key.startswith("time_") and key.endswith("_s"))
+            or (key.startswith(("peak_rss_", "peak_cuda_")) and key.endswith("_mib")))
 
 
 # a CLI run of the tiny model small enough for a refusal test, and the in-process CLI checks

@@ -21,7 +21,7 @@ from ..errors import LLMRLError, PluginError, RunFailed
 from ..parallel.distributed import DistContext, distributed
 from .evaluate import EvalResult
 from .folder import Run, folder_locks, read_run
-from .memory import engine_costs, role_costs
+from .memory import PhasePeaks, engine_costs, role_costs
 from .one_step import run_step
 from .reporting import NullReporter, Reporter
 from .session import Session, record_steps, run_eval, setup
@@ -71,17 +71,21 @@ def _train(config: Config, reporter: Reporter, overwrite: bool, resume: bool, di
     t0 = time.perf_counter()
     check_available(config.log.report_to)
     start, elapsed = 0, 0.0
-    s = setup(config, reporter, overwrite, resume, dist)  # writes config.yaml as its last act
+    peaks = PhasePeaks(config.model.device)  # each phase's peak memory: metrics rows and summary.json
+    with peaks("load"):
+        s = setup(config, reporter, overwrite, resume, dist)  # writes config.yaml as its last act
     with nullcontext() if resume else _nothing_trained_yet(s):
         reporter.start(config, role_costs(s.stack) + engine_costs(s.engine), s.folder.path)
-        restored = restore(s) if resume else None
+        with peaks("load"):
+            restored = restore(s) if resume else None
         if resume:  # only now: a resume refused (no readable checkpoint) leaves config.yaml as it was
             s.dist.main_only(lambda: record_steps(s.folder, config))
         if restored is not None:
             start, before, elapsed = restored
             reporter.resumed(start)
         else:
-            before = run_eval(s)
+            with peaks("evaluate"):
+                before = run_eval(s)
     reporter.evaluated(0, before)
     trackers = open_trackers(config, s.folder.path, start) if s.dist.is_main else Trackers([])
     if before is not None and start == 0:
@@ -91,7 +95,7 @@ def _train(config: Config, reporter: Reporter, overwrite: bool, resume: bool, di
     with graceful_stop() as stop, _close_on_error(trackers):
         try:
             for step in range(start, config.steps):
-                _one_step(s, step, reporter, trackers, stop, progress, before, wall)
+                _one_step(s, step, reporter, trackers, stop, progress, before, wall, peaks)
         except RunFailed as exc:
             reporter.stopped()
             if isinstance(exc, PluginError):  # checked before the step's update; one inside it (a policy loss) may
@@ -108,7 +112,7 @@ def _train(config: Config, reporter: Reporter, overwrite: bool, resume: bool, di
                 raise
             reporter.stopped()
             fail(s, crashed(s, exc, step, progress), progress, before, wall)
-    return _finish(s, reporter, trackers, progress, before, wall)
+    return _finish(s, reporter, trackers, progress, before, wall, peaks)
 
 
 @contextmanager
@@ -127,18 +131,22 @@ def _nothing_trained_yet(s: Session) -> Iterator[None]:
 
 
 def _one_step(s: Session, step: int, reporter: Reporter, trackers: Trackers, stop: Any, progress: Progress,
-              before: EvalResult | None, wall: Callable[[], float]) -> None:
-    """Train step `step`, evaluate when due, log, checkpoint when due; raise RunFailed after
-    `update.max_bad_steps` non-finite steps in a row, KeyboardInterrupt when a stop was requested."""
+              before: EvalResult | None, wall: Callable[[], float], peaks: PhasePeaks) -> None:
+    """Train step `step`, evaluate when due, log (with each phase's peak memory), checkpoint when due;
+    raise RunFailed after `update.max_bad_steps` non-finite steps in a row, KeyboardInterrupt when a
+    stop was requested."""
     config = s.config
     progress.version = weights_version(s)
-    report = run_step(s, step)
+    peaks.start_step()
+    report = run_step(s, step, peaks)
     row = report.row
     if config.eval.every and (step + 1) % config.eval.every == 0 and step + 1 < config.steps:
-        result = run_eval(s)
+        with peaks("evaluate"):
+            result = run_eval(s)
         row = {**row, "eval_accuracy": result.accuracy if result else None, "eval_reward": result.reward_mean if result else None,
                **({f"eval_{k}": v for k, v in result.metrics.items()} if result else {})}
         reporter.evaluated(step + 1, result)
+    row = {**row, **peaks.step}
     s.folder.log_metrics(row)
     trackers.log(row)
     if report.logged:
@@ -156,19 +164,23 @@ def _one_step(s: Session, step: int, reporter: Reporter, trackers: Trackers, sto
     every = config.checkpoint.every
     stopping = s.dist.any(stop.requested)  # every rank stops at the same step
     if stopping or (every and (step + 1) % every == 0):
-        checkpoint(s, step + 1, before, wall())
+        with peaks("checkpoint"):
+            checkpoint(s, step + 1, before, wall())
         progress.saved = step + 1
     if stopping and step + 1 < config.steps:
         raise KeyboardInterrupt
 
 
 def _finish(s: Session, reporter: Reporter, trackers: Trackers, progress: Progress, before: EvalResult | None,
-            wall: Callable[[], float]) -> Run:
-    """Last checkpoint, final evaluation; rank 0 saves the models, summary and curves."""
+            wall: Callable[[], float], peaks: PhasePeaks) -> Run:
+    """Last checkpoint, final evaluation; rank 0 saves the models, summary (with the run's peak of each
+    phase) and curves."""
     config = s.config
     if progress.saved < config.steps:
-        checkpoint(s, config.steps, before, wall())
-    after = run_eval(s)
+        with peaks("checkpoint"):
+            checkpoint(s, config.steps, before, wall())
+    with peaks("evaluate"):
+        after = run_eval(s)
     reporter.evaluated(config.steps, after)
     if after is not None:
         trackers.log(eval_scalars(after), step=config.steps)
@@ -177,7 +189,8 @@ def _finish(s: Session, reporter: Reporter, trackers: Trackers, progress: Progre
         return Run(s.folder.path, {}, [], None)
     s.folder.save_models(s.stack)
     history = read_run(s.folder.path).metrics
-    summary = summarize(config, history, before, after, wall(), s.folder.path, optimizer_steps(s.opts["actor"]))
+    summary = summarize(config, history, before, after, wall(), s.folder.path, optimizer_steps(s.opts["actor"]),
+                        peaks.run)
     s.folder.write_summary(summary)
     draw_curves(s.folder.path)
     trackers.close()

@@ -18,7 +18,7 @@ function; with one process each is the identity, so this reads as the single-pro
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
@@ -37,29 +37,39 @@ from ..step.update import no_update, update
 from .completions import due, sample_rows
 from .data import stream_digest
 from .draws import draw
+from .memory import PhasePeaks
 from .session import Session
 
 PHASES = ("generate", "score", "forward", "estimate", "update", "sync")
 """The timed phases of a step; each is logged as `time_<phase>_s` in every metrics row."""
 
+PLAN_PHASES = {"generate": "generate", "score": "score", "forward": "forwards", "estimate": "forwards",
+               "update": "update", "sync": "update"}
+"""The memory plan's phase (llmrl/memory/plan.py) each timed phase's peak memory is logged under
+(`peak_rss_<phase>_mib`): the advantages work on the forwards' tensors, the engine's sync follows the
+update."""
+
 
 class PhaseClock:
     """Wall seconds of each named phase (the GPU synchronised around each on CUDA, so a phase's
-    queued kernels are counted in it)."""
+    queued kernels are counted in it) and, given `peaks`, its peak memory under its plan phase's name
+    (measured outside the timed span)."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, peaks: PhasePeaks | None = None) -> None:
         self.seconds: dict[str, float] = {}
         self._cuda = device.type == "cuda"
+        self._peaks = peaks
 
     @contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
-        if self._cuda:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        yield
-        if self._cuda:
-            torch.cuda.synchronize()
-        self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start  # rounds add up
+        with self._peaks(PLAN_PHASES[phase]) if self._peaks is not None else nullcontext():
+            if self._cuda:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            yield
+            if self._cuda:
+                torch.cuda.synchronize()
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start  # rounds add up
 
     def row(self) -> dict[str, float]:
         return {f"time_{p}_s": self.seconds.get(p, 0.0) for p in PHASES}
@@ -73,11 +83,12 @@ class StepReport:
     logged: list[dict[str, Any]]
 
 
-def run_step(s: Session, step: int) -> StepReport:
-    """One generate → score → forward → estimate → update step (0-based `step`)."""
+def run_step(s: Session, step: int, peaks: PhasePeaks | None = None) -> StepReport:
+    """One generate → score → forward → estimate → update step (0-based `step`); with `peaks`, each
+    phase's peak memory is measured into it (its row is the caller's to add: `peaks.step`)."""
     started = time.perf_counter()
     cfg, plan, device = s.config, s.plan, s.stack.lm.device
-    clock = PhaseClock(device)
+    clock = PhaseClock(device, peaks)
     index = s.sampler.indices(step)
     mine = index[s.dist.shard(len(index))]  # this rank's prompts (all of them in a single process)
     rows = [s.task.train[i] for i in mine.tolist()]

@@ -45,11 +45,13 @@ def no_update_reason(history: list[dict[str, Any]], updates: int) -> str | None:
 
 
 def summarize(config: Config, history: list[dict[str, Any]], before: EvalResult | None,
-              after: EvalResult | None, wall: float, path: Path, updates: int | None = None) -> dict[str, Any]:
+              after: EvalResult | None, wall: float, path: Path, updates: int | None = None,
+              peaks: dict[str, float] | None = None) -> dict[str, Any]:
     """summary.json: the run's headline numbers. `*_last` average the last 10 % of steps (≥ 1);
     `eval_<metric>_before/after` are the evaluations' `metrics` (EvalResult). `updates`: the actor's
     optimizer steps over the run (`optimizer_steps`), `updates_applied`; `no_update` says why there
-    were none (`no_update_reason`), null when there were."""
+    were none (`no_update_reason`), null when there were. `peaks`: the run's peak memory of each phase
+    (`PhasePeaks.run`: `peak_rss_load_mib`, `peak_rss_evaluate_mib`, …, each ≤ `peak_rss_mib`)."""
     tail = history[-max(1, len(history) // 10):]
     names = sorted({*(before.metrics if before else {}), *(after.metrics if after else {})})
     metrics = {f"eval_{k}_{when}": (r.metrics.get(k) if r else None)
@@ -76,6 +78,7 @@ def summarize(config: Config, history: list[dict[str, Any]], before: EvalResult 
         "wall_time_s": wall,
         "peak_rss_mib": peak_rss_mib(),
         "peak_device_mib": peak_device_mib(config.model.device),
+        **(peaks or {}),
         "run_dir": str(path),
         "updates_applied": updates,
         "no_update": None if updates is None else no_update_reason(history, updates),
