@@ -190,7 +190,7 @@ def _finish(s: Session, reporter: Reporter, trackers: Trackers, progress: Progre
     s.folder.save_models(s.stack)
     history = read_run(s.folder.path).metrics
     summary = summarize(config, history, before, after, wall(), s.folder.path, optimizer_steps(s.opts["actor"]),
-                        peaks.run)
+                        peaks.run, s.memory.peak_bytes if s.memory else None)
     s.folder.write_summary(summary)
     draw_curves(s.folder.path)
     trackers.close()

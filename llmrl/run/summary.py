@@ -46,12 +46,13 @@ def no_update_reason(history: list[dict[str, Any]], updates: int) -> str | None:
 
 def summarize(config: Config, history: list[dict[str, Any]], before: EvalResult | None,
               after: EvalResult | None, wall: float, path: Path, updates: int | None = None,
-              peaks: dict[str, float] | None = None) -> dict[str, Any]:
+              peaks: dict[str, float] | None = None, predicted_peak: int | None = None) -> dict[str, Any]:
     """summary.json: the run's headline numbers. `*_last` average the last 10 % of steps (≥ 1);
     `eval_<metric>_before/after` are the evaluations' `metrics` (EvalResult). `updates`: the actor's
     optimizer steps over the run (`optimizer_steps`), `updates_applied`; `no_update` says why there
     were none (`no_update_reason`), null when there were. `peaks`: the run's peak memory of each phase
-    (`PhasePeaks.run`: `peak_rss_load_mib`, `peak_rss_evaluate_mib`, …, each ≤ `peak_rss_mib`)."""
+    (`PhasePeaks.run`: `peak_rss_load_mib`, `peak_rss_evaluate_mib`, …, each ≤ `peak_rss_mib`);
+    `predicted_peak`: the memory plan's peak in bytes (memory/plan.py), `predicted_peak_mib`."""
     tail = history[-max(1, len(history) // 10):]
     names = sorted({*(before.metrics if before else {}), *(after.metrics if after else {})})
     metrics = {f"eval_{k}_{when}": (r.metrics.get(k) if r else None)
@@ -77,6 +78,7 @@ def summarize(config: Config, history: list[dict[str, Any]], before: EvalResult 
         "step_time_s_mean": sum(r["step_time_s"] for r in history) / max(len(history), 1),
         "wall_time_s": wall,
         "peak_rss_mib": peak_rss_mib(),
+        "predicted_peak_mib": None if predicted_peak is None else round(predicted_peak / 2**20, 1),  # memory/plan.py
         "peak_device_mib": peak_device_mib(config.model.device),
         **(peaks or {}),
         "run_dir": str(path),
