@@ -12,11 +12,13 @@ from ..algos import ALGOS
 from ..run.checkpoint import newest_step
 from ..config import load_config
 from ..errors import ConfigError
+from ..memory.budget import parse_size
 from ..run.actor import check_run_config
 from ..run.loop import train as run_training
 from .display import RichReporter
 from .errors import friendly
 from .launch import forwarded_args, launch
+from .plan_display import show_plan
 
 
 def finished(run: Path, steps: int) -> bool:
@@ -52,22 +54,27 @@ def train(
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this folder from its newest checkpoint (with --steps to extend it)."),
     report_to: Optional[list[str]] = typer.Option(None, "--report-to", help="Also send metrics to: tensorboard (RUN/tensorboard), wandb (repeatable or comma-separated; key log.report_to)."),
     nproc: int = typer.Option(1, "--nproc", min=1, help="Data-parallel processes on this machine: relaunches the command under torchrun (same results as 1 process)."),
+    max_memory: Optional[str] = typer.Option(None, "--max-memory", help="The most memory the run may hold, with units: 6GiB, 1.5GiB, 6144MiB, 6G (binary), 6GB (decimal) or bytes; RAM on the CPU (shared by --nproc's processes), the GPU's memory on CUDA. The run is sized to it (micro-batches) and refused before its first step where it cannot fit. Default: the device's memory (a memory cgroup's limit where lower). Key memory.max."),
+    plan: bool = typer.Option(False, "--plan", help="Print the run's memory plan (each phase's parts and predicted peak against the budget, --max-memory or the device's) and exit without loading weights or training; takes the same flags as a run."),
 ) -> None:
     """Train a model with RL: rollout → reward → advantage → update, for --steps steps.
 
     With no options it trains the built-in tiny model on two-digit addition with PPO, on the CPU,
     in a few minutes, and prints held-out accuracy before → after.
     """
-    if nproc > 1:
+    if nproc > 1 and not plan:
         launch(nproc, forwarded_args(ctx))
         return
     if resume is not None:
-        if any(v is not None for v in (algo, recipe, model, task, dataset, reward, seed, out, engine, env)) or sets or overwrite or report_to:
+        if any(v is not None for v in (algo, recipe, model, task, dataset, reward, seed, out, engine, env, max_memory)) or sets or overwrite or report_to:
             raise ConfigError("--resume continues a run with its own settings; only --steps may be given with it.")
         if not (resume / "config.yaml").is_file():
             raise ConfigError(f"'{resume}' is not a run folder (no config.yaml); nothing to resume.")
         check_run_config(resume)
         config = load_config(resume / "config.yaml", {"out": str(resume), "steps": steps})
+        if plan:
+            show_plan(config, processes=nproc)
+            return
         if finished(resume, config.steps):
             print(f"'{resume}' has finished its {config.steps} steps; nothing to resume "
                   f"(pass --steps N with N > {config.steps} to train further).")
@@ -76,10 +83,15 @@ def train(
         return
     if task is not None and dataset is not None:
         raise ConfigError("Give --task or --dataset, not both.")
+    if max_memory is not None:
+        parse_size(max_memory, "--max-memory")  # one sentence before anything loads
     overrides = {"algo": algo, "model.name": model, "rollout.engine": engine, "rollout.env": env, "task": task,
-                 "steps": steps, "seed": seed,
+                 "steps": steps, "seed": seed, "memory.max": max_memory,
                  "out": str(out) if out else None, "data.dataset": dataset,
                  "reward.functions": [reward] if reward else None,
                  "log.report_to": [n.strip() for item in report_to for n in item.split(",") if n.strip()] if report_to else None}
     config = load_config(recipe, overrides, sets)
+    if plan:
+        show_plan(config, processes=nproc)
+        return
     run_training(config, RichReporter(), overwrite=overwrite)

@@ -25,7 +25,10 @@ from ..estimators import EstimatorSpec, get_estimator, import_user_module
 from ..kl_control import KLController
 from ..losses import resolve_policy_loss
 from ..memory.allocator import set_allocator
-from ..models.load import load_base
+from ..memory.budget import run_budget
+from ..memory.plan import MemoryPlan
+from ..memory.sources import plan_memory
+from ..models.load import load_base, resolve_device
 from ..models.prompts import apply_chat_setting, tokenize_prompts
 from ..models.stack import PolicyStack
 from ..models.tokenizer import stop_token_ids
@@ -40,7 +43,7 @@ from .data import PromptSampler
 from .evaluate import EvalResult, evaluate, evaluate_episodes, with_groups
 from .folder import ReaderFolder, RunFolder
 from .memory import engine_costs, role_costs
-from .preflight import check_memory, check_sizes, process_memory
+from .preflight import check_memory, check_sizes
 from .update_fit import fit_update, measure_fit
 from .reporting import Reporter
 from .reward_role import bind_rewards, critic_start, shared_reward
@@ -65,6 +68,7 @@ class Session:
     generator: torch.Generator
     dist: DistContext = SINGLE  # this process's place in a data-parallel run: every collective goes through it
     env: EnvSpec | None = None  # the environment of the run's episodes (rollout.env or the task's); None: one turn
+    memory: MemoryPlan | None = None  # the run's memory plan, made before the model loaded (memory/plan.py)
 
 
 def default_out(config: Config) -> Path:
@@ -118,6 +122,8 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
           dist: DistContext = SINGLE) -> Session:
     """Load the task and model, build the stack, engine and optimizers, create (or reopen) the run folder."""
     set_allocator(config.memory.allocator)  # before anything large is allocated (memory/allocator.py)
+    # one process's share of --max-memory or the device's (torchrun's processes share a CPU machine's)
+    memory = run_budget(config, resolve_device(config.model.device), int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     spec = resolve_estimator(config)
     check_engine(config.rollout.engine, config)
     resolve_policy_loss(config.update.policy_loss, config.update.policy_loss_module, config.update.dual_clip)
@@ -129,6 +135,7 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
         raise ConfigError(f"'rollout.prompts_per_step' ({config.rollout.prompts_per_step}) must be divisible by "
                           f"the number of processes ({dist.world_size}).")
     task = dist.main_first(lambda: task_from_config(config), local=True)  # a dataset or reward model fills caches once
+    memory_plan = plan_memory(config, memory, task, dist.world_size)  # before the weights load: its process part is now
     asked = config  # config.yaml keeps rollout.tool_format as asked: 'auto' is the task's own, whatever the task
     config = replace(config, rollout=with_task_format(config.rollout, task))
     env = episode_env(config, task, dist)
@@ -137,8 +144,8 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
     folder = folder if folder is not None else ReaderFolder(path)
     if config.threads:
         torch.set_num_threads(config.threads)
-    base, tokenizer = dist.main_first(lambda: load_base(config.model, show_progress=reporter.interactive), local=True)
-    check_sizes(config, base.config, base.device)  # before the adapters, sized by lora.r, are built
+    base, tokenizer = dist.main_first(lambda: load_base(config.model, reporter.interactive, memory), local=True)
+    check_sizes(config, base.config, base.device, memory)  # before the adapters, sized by lora.r, are built
     check_step_rows(config.rollout.prompts_per_step, len(task.train))
     apply_chat_setting(tokenizer, config.data.chat_template, config.model.name, config.data.system_prompt)
     seed_everything(config.seed)
@@ -162,18 +169,17 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
     engine = build_engine(config.rollout.engine, stack=stack, tokenizer=tokenizer, config=config, dist=dist,
                           longest_prompt=longest,
                           response_tokens=None if env is None else episode_budget(config.rollout))
-    costs, processes = role_costs(stack) + engine_costs(engine), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    check_memory(config, costs, base.config, base.device, processes)  # torchrun's processes on this machine
+    costs = role_costs(stack) + engine_costs(engine)
+    check_memory(config, costs, base.config, memory)
     if not config.dist.shard_base:  # a sharded base's forward gathers its layers: never one rank alone
         budget = config.rollout.max_new_tokens if env is None else episode_budget(config.rollout)
-        fit = measure_fit(config, stack, costs, process_memory(base.device, processes), longest, budget,
-                          dist.world_size)
+        fit = measure_fit(config, stack, costs, memory.bytes, longest, budget, dist.world_size)
         config = replace(config, update=fit_update(config.update, fit))
     session = Session(
         config, task, tokenizer, stack, engine, spec, plan_for(config, spec, stack, getattr(engine, "own_weights", False)), make_optimizers(stack, config.update),
         KLController(config.kl.beta, config.kl.adaptive, config.kl.target, config.kl.horizon),
         PromptSampler(len(task.train), config.rollout.prompts_per_step, config.seed), folder,
-        torch.Generator().manual_seed(config.seed + 1), dist, env,
+        torch.Generator().manual_seed(config.seed + 1), dist, env, memory_plan,
     )
     # config.yaml last: from the moment it exists the caller's Ctrl-C handler says how to resume
     # (loop._nothing_trained_yet), so nothing slow may run between this write and the return
