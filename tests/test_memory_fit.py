@@ -1,7 +1,7 @@
 """A run that cannot hold its parts at once is refused before its first step (run/preflight.check_memory):
 the base as held, adapters, value head, AdamW state, the `hf` engine's copies while it generates, and one
-step's KV cache and logits. The machine's memory is the one thing set here (`device_memory` returns a
-limit); the model, stack, engine and their sizes are real, and the run goes through the real command line."""
+step's KV cache and logits. The memory is the one thing set here (`--max-memory`, the run's budget); the
+model, stack, engine and their sizes are real, and the run goes through the real command line."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import llmrl.run.preflight as preflight
 from llmrl.models.tokenizer import build_char_tokenizer
 from tests.helpers import CLI_SMALL, cli_refused, cli_run
 
@@ -43,17 +42,16 @@ LORA_BYTES = 4 * 2 * 65_536
 
 
 def test_a_run_whose_engine_copies_do_not_fit_is_refused_and_fits_without_them(
-        packable_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        packable_model: Path, tmp_path: Path) -> None:
     # the limit: the base, the adapter and its AdamW state, and 0.5 MiB for the KV cache and logits (16 rows
     # × (2·2 layers·5 positions·2 heads·64·4 B + V·4 B) ≈ 0.17 MiB); the engine's merged, packed copy of the
     # linear layers (at least their 4.5 MiB of float32 weights) does not fit beside them
     limit = _base_bytes(packable_model) + 3 * LORA_BYTES + 2**19
-    monkeypatch.setattr(preflight, "device_memory", lambda device: limit)
     args = ["train", "--model", str(packable_model), "--algo", "grpo", "--steps", "1", *CLI_SMALL,
-            "--set", "rollout.max_new_tokens=4", "--set", "model.dtype=float32"]
+            "--set", "rollout.max_new_tokens=4", "--set", "model.dtype=float32", "--max-memory", str(limit)]
     err = cli_refused([*args, "--out", str(tmp_path / "a")], "This run holds at least ")
     assert "hf engine: prepacked linear weights, the actor's LoRA merged in (while generating) 4." in err, err
-    assert f"more than the {limit / 2**20:,.1f} MiB of cpu memory: engine.pack_weights=false and " \
+    assert f"more than the {limit / 2**20:,.1f} MiB of --max-memory: engine.pack_weights=false and " \
            "engine.merge_lora=false drop the engine's 4." in err, err
     assert "model.quantize=nf4 holds the base's linear layers in 4 bits" in err
     assert not (tmp_path / "a" / "config.yaml").exists()  # refused before the run folder was written to

@@ -180,7 +180,7 @@ def test_a_model_larger_than_the_machine_is_refused_before_loading(tiny_model_di
 
     assert load.stored_numbers(tiny_model_dir) == sum(p.numel() for p in make_tiny_model().parameters())
     monkeypatch.setattr(load, "device_memory", lambda device: 50_000)
-    err = cli_refused(["train", "--model", str(tiny_model_dir), "--steps", "1"], "more than the 0.0 GiB of memory of cpu")
+    err = cli_refused(["train", "--model", str(tiny_model_dir), "--steps", "1"], "more than the 0.0 MiB of physical memory")
     assert "has 0.00 B parameters: its float32 weights alone need" in err
 
 

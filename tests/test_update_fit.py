@@ -5,7 +5,7 @@ the logits are counted for the micro-batch the fit leads to; and through the rea
 whose minibatch does not fit updates in micro-batches of the rows that do (the metrics of the run that
 takes the whole minibatch at once, up to float32 rounding), one that cannot hold one row is refused
 before its first step, as is update.on_policy_values=on where micro-batches would be needed, and a size
-set too large is said in one line. The machine's memory is the one thing set here (`device_memory`)."""
+set too large is said in one line. The memory is the one thing set here (`--max-memory`, the run's budget)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-import llmrl.run.preflight as preflight
 import llmrl.run.session as session
 from llmrl.config import load_config
 from llmrl.config.schema import LoraConfig
+from llmrl.models.load import device_memory
 from llmrl.models.sequences import layout
 from llmrl.models.stack import PolicyStack
 from llmrl.run import update_fit
@@ -126,13 +126,13 @@ def test_a_minibatch_that_does_not_fit_runs_in_the_micro_batches_that_do(
     fit = seen[-1]
     assert fit.minibatch_rows == 8 and fit.rows >= 8
     # memory for what the run holds and 2.5 rows' activations (with the slack): micro-batches of 2
-    limit = preflight.device_memory(torch.device("cpu")) - fit.free + int(2.5 * fit.row_bytes * SLACK)
-    monkeypatch.setattr(preflight, "device_memory", lambda device: limit)
-    code, _, err = cli_run([*ARGS, "--out", str(tmp_path / "auto")])
+    limit = device_memory(torch.device("cpu")) - fit.free + int(2.5 * fit.row_bytes * SLACK)
+    code, _, err = cli_run([*ARGS, "--out", str(tmp_path / "auto"), "--max-memory", str(limit)])
     assert code == 0, err
     assert "llmrl: update.micro_batch_size set to 2: a row of " in err and "room for 2 of the minibatch's 8 rows" in err
     assert seen[-1].rows == 2
-    code, _, err = cli_run([*ARGS, "--out", str(tmp_path / "set"), "--set", "update.micro_batch_size=2"])
+    code, _, err = cli_run([*ARGS, "--out", str(tmp_path / "set"), "--set", "update.micro_batch_size=2",
+                            "--max-memory", str(limit)])
     assert code == 0 and "micro_batch_size" not in err, err
     assert run_metrics(tmp_path / "auto") == run_metrics(tmp_path / "set")  # the fitted size is the one run
     assert "micro_batch_size: null" in (tmp_path / "auto" / "config.yaml").read_text()  # the settings as asked
@@ -158,9 +158,9 @@ def test_on_policy_values_on_is_refused_where_the_update_needs_micro_batches(
     ppo = ["train", "--algo", "ppo", "--steps", "1", *CLI_SMALL, "--set", "update.on_policy_values=on"]
     assert cli_run([*ppo, "--out", str(tmp_path / "probe")])[0] == 0
     fit = seen[-1]
-    limit = preflight.device_memory(torch.device("cpu")) - fit.free + int(2.5 * fit.row_bytes * SLACK)
-    monkeypatch.setattr(preflight, "device_memory", lambda device: limit)
-    err = cli_refused([*ppo, "--out", str(tmp_path / "on")], "'update.on_policy_values' (on) keeps the critic's "
+    limit = device_memory(torch.device("cpu")) - fit.free + int(2.5 * fit.row_bytes * SLACK)
+    err = cli_refused([*ppo, "--out", str(tmp_path / "on"), "--max-memory", str(limit)],
+                      "'update.on_policy_values' (on) keeps the critic's "
                       "graph of the step's 4 rows for one update pass, but a row of ")
     assert "room for 2 at once; use update.on_policy_values=auto" in err
     assert not (tmp_path / "on" / "config.yaml").exists()
@@ -170,9 +170,9 @@ def test_a_size_set_above_what_fits_is_said_and_kept(tmp_path: Path, monkeypatch
     seen = _fits(monkeypatch)
     assert cli_run([*ARGS, "--out", str(tmp_path / "probe"), "--steps", "1"])[0] == 0
     fit = seen[-1]
-    limit = preflight.device_memory(torch.device("cpu")) - fit.free + int(2.5 * fit.row_bytes * SLACK)
-    monkeypatch.setattr(preflight, "device_memory", lambda device: limit)
-    code, _, err = cli_run([*ARGS, "--out", str(tmp_path / "set"), "--set", "update.micro_batch_size=8"])
+    limit = device_memory(torch.device("cpu")) - fit.free + int(2.5 * fit.row_bytes * SLACK)
+    code, _, err = cli_run([*ARGS, "--out", str(tmp_path / "set"), "--set", "update.micro_batch_size=8",
+                            "--max-memory", str(limit)])
     assert code == 0, err
     assert "llmrl: update.micro_batch_size=8 may not fit in memory: " in err and "room for about 2 rows" in err
 
@@ -183,8 +183,8 @@ def test_a_run_that_cannot_update_one_row_is_refused_before_its_first_step(
     assert cli_run([*ARGS, "--out", str(tmp_path / "probe"), "--steps", "1"])[0] == 0
     fit = seen[-1]
     # room for half a row's saved tensors: even one row at a time cannot run
-    limit = preflight.device_memory(torch.device("cpu")) - fit.free + int(0.5 * fit.row_bytes)
-    monkeypatch.setattr(preflight, "device_memory", lambda device: limit)
-    err = cli_refused([*ARGS, "--out", str(tmp_path / "a")], "This run cannot update even one row at a time: a row of ")
+    limit = device_memory(torch.device("cpu")) - fit.free + int(0.5 * fit.row_bytes)
+    err = cli_refused([*ARGS, "--out", str(tmp_path / "a"), "--max-memory", str(limit)],
+                      "This run cannot update even one row at a time: a row of ")
     assert "update.activation_checkpointing=true keeps only each layer's input" in err
     assert not (tmp_path / "a" / "config.yaml").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,18 @@ import torch
 from ..config import Config
 from ..config.model_defaults import device_kind
 from ..config.precision import dtype_note
-from ..models.load import torch_dtype
+from ..memory.budget import run_budget
+from ..models.load import resolve_device, torch_dtype
 from ..run.evaluate import EvalResult
 from ..run.memory import RoleCost
 from .console import RunConsole
+
+
+def budget_line(config: Config) -> str:
+    """The run's memory budget and where it comes from, in one line (memory/budget.py)."""
+    budget = run_budget(config, resolve_device(config.model.device), int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    told = "" if config.memory.max is not None else " (--max-memory sets another)"
+    return f"Memory budget: {escape(budget.describe())}{told}."
 
 
 def _mib(n: int) -> str:
@@ -119,6 +128,7 @@ class RichReporter:
         if any(c.role.startswith("critic") for c in costs):  # the saving of one base for three roles
             self.console.print(f"Separate actor, critic and reference models would hold the base weights 3× "
                                f"({_mib(3 * base)}).")
+        self.console.print(budget_line(config))
         self.console.print(f"Run folder: [bold]{run_dir}[/]")
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),

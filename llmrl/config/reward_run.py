@@ -2,7 +2,7 @@
 the Bradley–Terry training.
 
 A reward run shares `model` and `lora` with `llmrl train` (the same base loads the same way, float or
-`model.quantize`), `checkpoint`, `seed`, `out` and `threads`; its own sections are `pairs` (where the
+`model.quantize`), `checkpoint`, `memory` (config/memory.py), `seed`, `out` and `threads`; its own sections are `pairs` (where the
 preference data comes from) and `rm` (the training). Recipes and `--set` address it by the same dotted
 keys (`rm.lr=1e-4`); config/load.py validates it against this root.
 """
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .domains import SEED_MAX
+from .memory import MemoryConfig
 from .schema import CheckpointConfig, LoraConfig, ModelConfig, opt
 
 
@@ -63,6 +64,7 @@ class RewardRunConfig:
     pairs: PairsConfig = field(default_factory=PairsConfig)
     rm: RMTrainConfig = field(default_factory=RMTrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
 
 
 def load_reward_config(recipe: str | None = None, overrides: dict[str, Any] | None = None,

@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..config import precision
+from ..config.memory import size_text
 from ..config.model_defaults import device_kind
 from ..config.schema import ModelConfig
 from ..errors import ConfigError
@@ -125,23 +126,27 @@ def stored_numbers(folder: Path) -> int | None:
     return total
 
 
-def check_fits(name: str, source: str, dtype: torch.dtype, device: torch.device, four_bit: bool = False) -> None:
-    """Refuse, before loading, a model whose weights alone in `dtype` exceed the memory of `device`:
-    a lower bound (the weights, nothing of a step), so a refused model could never have run. With a
-    4-bit base (`four_bit`) every number counts half a byte, its least (the embedding stays in `dtype`)."""
+def check_fits(name: str, source: str, dtype: torch.dtype, device: torch.device, four_bit: bool = False,
+               budget: Any = None) -> None:
+    """Refuse, before loading, a model whose weights alone in `dtype` exceed the memory of `device`, or
+    `budget` where given (a run's memory/budget.Budget: its `bytes`, `describe()`): a lower bound (the
+    weights, nothing of a step), so a refused model could never have run. With a 4-bit base (`four_bit`)
+    every number counts half a byte, its least (the embedding stays in `dtype`)."""
     try:
         numbers = stored_numbers(Path(source))
     except Exception:  # noqa: BLE001 - an unreadable header: the load itself says what is wrong
         return
     if numbers is None:
         return
-    need, have = numbers * (0.5 if four_bit else torch.finfo(dtype).bits // 8), device_memory(device)
+    need = numbers * (0.5 if four_bit else torch.finfo(dtype).bits // 8)
+    have = device_memory(device) if budget is None else budget.bytes
+    where = f"{size_text(have)} of memory of {device.type}" if budget is None else budget.describe()
     if need > have:
         held = "4-bit" if four_bit else str(dtype).split('.')[-1]
-        raise ConfigError(f"Model '{name}' has {numbers / 1e9:,.2f} B parameters: its {held} weights "
-                          f"alone need {need / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of memory of "
-                          f"{device.type}; it needs a machine with at least {need / 2**30 * 1.5:,.0f} GiB (the "
-                          f"weights and room for a step) or, where the hardware has it, model.dtype=bfloat16.")
+        raise ConfigError(f"Model '{name}' has {numbers / 1e9:,.2f} B parameters: its {held} weights alone need "
+                          f"{size_text(need)}, more than the {where}; a run of it needs at least "
+                          f"{size_text(need * 1.5)} (the weights and room for a step) or, where the hardware has it, "
+                          "model.dtype=bfloat16.")
 
 
 def load_failure(exc: BaseException, source: str) -> str:
@@ -170,13 +175,15 @@ def check_causal(name: str, model: PreTrainedModel) -> None:
         raise ConfigError(f"Model '{name}' is a {archs[0]}, not a causal language model; its LM head would be random.")
 
 
-def load_base(cfg: ModelConfig, show_progress: bool = True) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The frozen causal LM and its tokenizer (left padding, a pad token guaranteed), refused where llmrl's LM
-    head does not reproduce its own logits (models/logit_head.py)."""
+def load_base(cfg: ModelConfig, show_progress: bool = True,
+              budget: Any = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The frozen causal LM and its tokenizer (left padding, a pad token guaranteed), refused where its weights
+    exceed the device's memory or a run's `budget` (`check_fits`) or where llmrl's LM head does not reproduce
+    its own logits (models/logit_head.py)."""
     source, gguf = model_source(cfg, show_progress)
     device = resolve_device(cfg.device)
     dtype, four_bit = torch_dtype(cfg.dtype, cfg.device, cfg.name), cfg.quantize != quantized.NONE
-    check_fits(cfg.name, source, dtype, device, four_bit)
+    check_fits(cfg.name, source, dtype, device, four_bit, budget)
     kwargs = {"trust_remote_code": cfg.trust_remote_code, **({"gguf_file": gguf} if gguf else {})}
     placed: dict = {}
     dtype_name, copy, model = str(dtype).removeprefix("torch."), None, None

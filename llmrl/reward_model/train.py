@@ -25,7 +25,9 @@ import torch
 from ..config.reward_run import RewardRunConfig
 from ..errors import ConfigError, LLMRLError
 from ..losses import bradley_terry, pair_stats
-from ..models.load import load_base
+from ..memory.allocator import set_allocator
+from ..memory.budget import run_budget
+from ..models.load import load_base, resolve_device
 from ..models.scorer import RewardScorer
 from ..models.stack import check_lora_targets
 from ..run.checkpoint import (CheckpointDamaged, list_checkpoints, load_checkpoint, restore_rng, rng_state,
@@ -121,7 +123,8 @@ def train_reward(config: RewardRunConfig, *, overwrite: bool = False, resume: Pa
         raise ConfigError("A reward run needs preference pairs: pass --data FILE (or set pairs.dataset).")
     if config.threads:
         torch.set_num_threads(config.threads)
-    base, tokenizer = load_base(config.model, show_progress=show_progress)
+    set_allocator(config.memory.allocator)  # before anything large is allocated (memory/allocator.py)
+    base, tokenizer = load_base(config.model, show_progress, run_budget(config, resolve_device(config.model.device)))
     check_lora_targets(base, config.lora)
     train, held = load_pairs(config.pairs, tokenizer)
     limit = config.pairs.max_length or getattr(base.config.get_text_config(), "max_position_embeddings", None)

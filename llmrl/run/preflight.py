@@ -11,12 +11,13 @@ lower bounds (what one step needs at the least, never an estimate of the peak):
     rows per step   N = (B + K)·G rows (B prompts, K = rollout.oversample, G samples each) decode
                     together; their KV cache alone, 2 · L · N · (1 + T) · n_kv · d_head · bytes (L layers,
                     T = rollout.max_new_tokens, at least one prompt token), plus one step's float32 logits
-                    N · V · 4, must fit in the device's memory (physical memory on the CPU)
+                    N · V · 4, must fit in the run's budget (memory/budget.py: --max-memory, else the
+                    device's memory)
     what it holds   once the stack and engine are built (`check_memory`): the base as held (4-bit codes and
                     scales, or `model.dtype`), the adapters, value head and AdamW state, the `hf` engine's
                     copies while it generates (merged and prepacked weights; vLLM's weights and KV cache),
                     and that KV cache and logits, all at once during the generate phase: more than the
-                    device's memory (shared by the processes of one machine on the CPU) is refused, naming
+                    budget (shared by the processes of one machine on the CPU) is refused, naming
                     the parts and the settings that drop the largest
 """
 
@@ -29,12 +30,8 @@ import torch
 
 from ..config import Config
 from ..errors import ConfigError
-from ..models.load import device_memory, torch_dtype
-
-
-def size_text(n: float) -> str:
-    """Bytes as GiB with one decimal, or MiB below 1 GiB."""
-    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+from ..memory.budget import Budget, size_text
+from ..models.load import torch_dtype
 
 
 def decode_floor(config: Config, model_config: Any) -> tuple[int, int]:
@@ -53,20 +50,13 @@ def decode_floor(config: Config, model_config: Any) -> tuple[int, int]:
     return rows, rows * (2 * layers * (1 + r.max_new_tokens) * kv_heads * head_dim * size + vocab * 4)
 
 
-def process_memory(device: torch.device, processes: int = 1) -> int:
-    """Bytes of `device` one process may hold: on the CPU the `processes` of one machine share it."""
-    return device_memory(device) // (processes if device.type == "cpu" else 1)
-
-
-def check_memory(config: Config, costs: Sequence[Any], model_config: Any, device: torch.device,
-                 processes: int = 1) -> None:
-    """Refuse a run whose parts held at once while it generates exceed the device's memory: `costs` the
-    (role, params, bytes) rows of the start-up table (run/memory.py: the base as held, adapters, value
-    head, AdamW state, the engine's copies) plus `decode_floor`; on the CPU `processes` processes of one
-    machine share its memory. A lower bound (no activation, no allocator slack): a refused run could
-    never have generated. The sentence names the parts and the settings that drop the largest."""
-    share = processes if device.type == "cpu" else 1
-    have = process_memory(device, processes)
+def check_memory(config: Config, costs: Sequence[Any], model_config: Any, budget: Budget) -> None:
+    """Refuse a run whose parts held at once while it generates exceed `budget` (one process's share):
+    `costs` the (role, params, bytes) rows of the start-up table (run/memory.py: the base as held,
+    adapters, value head, AdamW state, the engine's copies) plus `decode_floor`. A lower bound (no
+    activation, no allocator slack): a refused run could never have generated. The sentence names the
+    parts and the settings that drop the largest."""
+    have = budget.bytes
     rows, floor = decode_floor(config, model_config)
     if any("KV cache" in c.role for c in costs):  # the engine holds its own (vLLM's, already allocated): not twice
         floor = 0
@@ -84,14 +74,13 @@ def check_memory(config: Config, costs: Sequence[Any], model_config: Any, device
     if config.model.quantize == "none":
         fixes.append("model.quantize=nf4 holds the base's linear layers in 4 bits (pip install -e '.[quant]')")
     fixes.append("fewer rows or new tokens shrink the KV cache" if floor * 4 > need else "a smaller model fits")
-    where = f"{device.type} memory" + (f" per process ({processes} on this machine)" if share > 1 else "")
     raise ConfigError(f"This run holds at least {size_text(need)} at once while it generates ({named}), more than the "
-                      f"{size_text(have)} of {where}: {'; '.join(fixes)}.")
+                      f"{budget.describe()}: {'; '.join(fixes)}.")
 
 
-def check_sizes(config: Config, model_config: Any, device: torch.device) -> None:
+def check_sizes(config: Config, model_config: Any, device: torch.device, budget: Budget) -> None:
     """Raise a ConfigError for a lora.r above the hidden size, or rows per step whose KV cache and
-    logits alone exceed the device's memory (see the module docstring)."""
+    logits alone exceed `budget` (see the module docstring)."""
     cpus = os.cpu_count() or 1
     if config.threads and config.threads > cpus and device.type == "cpu":
         raise ConfigError(f"'threads' ({config.threads}) exceeds the {cpus} CPUs of this machine; more torch threads "
@@ -102,8 +91,7 @@ def check_sizes(config: Config, model_config: Any, device: torch.device) -> None
         raise ConfigError(f"'lora.r' ({config.lora.r}) exceeds the model's hidden size ({hidden}): a LoRA update of a "
                           f"layer has rank at most its width, so a larger rank only adds parameters.")
     rows, need = decode_floor(config, model_config)
-    have = device_memory(device)
-    if need > have:
+    if need > budget.bytes:
         raise ConfigError(f"One step decodes {rows:,} rows ((rollout.prompts_per_step + rollout.oversample) × "
                           f"rollout.num_generations); their KV cache and logits alone need {size_text(need)}, more than "
-                          f"the {size_text(have)} of memory of {device.type}: lower them.")
+                          f"the {budget.describe()}: lower them.")
