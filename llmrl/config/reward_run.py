@@ -52,6 +52,9 @@ class RMTrainConfig:
                                     "scores near 0 (TRL suggests 0.01; 0: off)", min=0)
     eval_every: int = opt(50, "score the held-out pairs every N optimizer steps (0: only before and after)", min=0)
     eval_batch_size: int = opt(16, "pairs per held-out forward", min=1)
+    share_prompt: bool = opt(True, "run the tokens a pair's chosen and rejected texts start with once (their prompt, "
+                             "and the opening every pair shares once per batch), not twice: the same scores up to float "
+                             "rounding in fewer positions; off: one plain forward of both whole texts (TRL's way)")
 
 
 @dataclass(frozen=True)

@@ -132,14 +132,31 @@ def shared_prefix_hidden(decoder: nn.Module, ids: Tensor, attention: Tensor, pos
         out = decoder(input_ids=ids[:, p - r :], attention_mask=full, position_ids=positions[:, p - r :],
                       **with_cache(decoder, cache))
         return out.last_hidden_state[:, r - 1 : -1]
+    last_prompt, tail = _grouped(decoder, ids, positions, p, k, r, full, groups, cache)
+    return torch.cat([last_prompt, tail[:, :-1]], dim=1)
+
+
+def shared_prefix_tail(decoder: nn.Module, ids: Tensor, attention: Tensor, positions: Tensor,
+                       prompt_len: int, groups: PromptGroups, opening: int = 0) -> Tensor:
+    """The hidden states of the response positions themselves, (N, T, H): h[P + t] for t < T (a reward
+    model reads a row's last token, the response's own last position), computed as `shared_prefix_hidden`
+    computes its rows: the opening once, each distinct prompt of `groups` once, then the responses."""
+    cache = DynamicCache()
+    r, full = _open(decoder, ids, attention, positions, prompt_len, opening, groups.first.shape[0], cache)
+    return _grouped(decoder, ids, positions, prompt_len, opening, r, full, groups, cache)[1]
+
+
+def _grouped(decoder: nn.Module, ids: Tensor, positions: Tensor, p: int, k: int, r: int, full: Tensor,
+             groups: PromptGroups, cache: DynamicCache) -> tuple[Tensor, Tensor]:
+    """Steps 1-3 after the opening: (the last prompt position's hidden state of each row (N, 1, H), the
+    response positions' (N, T, H))."""
     first = groups.first
     head = decoder(input_ids=ids[first, p - r : p], attention_mask=full[first, : k + r],
                    position_ids=positions[first, p - r : p], **with_cache(decoder, cache))
     cache.reorder_cache(groups.inverse)
     tail = decoder(input_ids=ids[:, p:], attention_mask=full, position_ids=positions[:, p:],
                    **with_cache(decoder, cache))
-    last_prompt = head.last_hidden_state[:, -1:].index_select(0, groups.inverse)
-    return torch.cat([last_prompt, tail.last_hidden_state[:, :-1]], dim=1)
+    return head.last_hidden_state[:, -1:].index_select(0, groups.inverse), tail.last_hidden_state
 
 
 def shared_prefill(model: nn.Module, prompt_ids: Tensor, attention: Tensor, positions: Tensor,

@@ -31,7 +31,10 @@ from torch import Tensor, nn
 from ..config.schema import LoraConfig
 from ..errors import ConfigError
 from .adapters import lora_settings, of_adapter
+from .buckets import model_call_positions
 from .logprobs import at_least_float32
+from .prefix import PromptGroups, common_prefix, shared_prefix_tail
+from .sequences import Sequences
 
 ADAPTER = "reward"
 HEAD_KEY = "base_model.model.score.weight"  # peft's name for a SEQ_CLS model's `score` (modules_to_save)
@@ -197,6 +200,17 @@ def save_reward_adapter(folder: Path, peft: PeftModel, head: nn.Linear, base: st
     (folder / "adapter_config.json").write_text(json.dumps(settings, indent=2, sort_keys=True, default=str))
 
 
+@dataclass(frozen=True)
+class PairBatch:
+    """Texts laid out to share prompts: `sequences` (N, S+T), each row's shared prefix left-padded to S and its
+    own rest right-padded to T; `groups` the rows that share a prefix (models/prefix.py); `ends` (N,) long, the
+    column of each row's last token within the T response columns."""
+
+    sequences: Sequences
+    groups: PromptGroups
+    ends: Tensor
+
+
 class RewardScorer(nn.Module):
     """A reward run's model: the frozen base with adapter `reward` (trainable) and the score head.
     `trainable_roles`/`parameters_of` as PolicyStack's, so run/checkpoint.py saves and restores it."""
@@ -221,6 +235,7 @@ class RewardScorer(nn.Module):
             with torch.no_grad():
                 self.head.weight.copy_(saved.head)
         self._dropouts = [m for m in self.peft.modules() if isinstance(m, nn.Dropout)]
+        self.call_cost = model_call_positions(self.peft.base_model.model)
         self.eval()
 
     @contextmanager
@@ -240,9 +255,27 @@ class RewardScorer(nn.Module):
     def parameters_of(self, role: str) -> list[nn.Parameter]:
         return [p for n, p in self.peft.named_parameters() if of_adapter(n, ADAPTER)] + list(self.head.parameters())
 
+    @property
+    def dropouts(self) -> list[nn.Dropout]:
+        return self._dropouts
+
     def forward(self, ids: Tensor, attention: Tensor, pad_id: int | None) -> Tensor:
         """(N, L) → (N,) scores through the adapter."""
         return scores(self.peft.base_model.model.get_decoder(), self.head, ids, attention, pad_id)
+
+    def shared(self, batch: PairBatch) -> Tensor:
+        """(N,) scores of a `PairBatch` through the adapter: r = w · h at each row's last response position, its
+        shared prompt computed once per group and the opening all groups start with once where that saves more
+        positions than a forward call costs (models/prefix.py)."""
+        seq, groups = batch.sequences, batch.groups
+        p = seq.prompt_len
+        prompt_ids, prompt_mask = seq.ids[groups.first, :p], seq.attention[groups.first, :p]
+        k = common_prefix(prompt_ids, prompt_mask)
+        k = k if k * (prompt_ids.shape[0] - 1) > self.call_cost else 0
+        tail = shared_prefix_tail(self.peft.base_model.model.get_decoder(), seq.ids, seq.attention, seq.positions,
+                                  p, groups, k)
+        last = tail[torch.arange(tail.shape[0], device=tail.device), batch.ends]
+        return self.head(last.to(self.head.weight.dtype)).squeeze(-1).float()
 
 
 def reward_role(peft: PeftModel, saved: SavedReward) -> nn.Linear:

@@ -87,7 +87,7 @@ def held_out(scorer: RewardScorer, tokenizer: Any, pairs: list[Pair], config: Re
     """eval_loss, eval_accuracy, eval_margin, eval_chosen_score, eval_rejected_score over the held-out pairs."""
     if not pairs:
         return {}
-    s = score_pairs(scorer, tokenizer, pairs, config.rm.eval_batch_size)
+    s = score_pairs(scorer, tokenizer, pairs, config.rm.eval_batch_size, config.rm.share_prompt)
     return s.metrics("eval_", margins_of(pairs), config.rm.center_coefficient)
 
 
@@ -100,7 +100,7 @@ def update(scorer: RewardScorer, tokenizer: Any, batch: list[Pair], opt: torch.o
     with scorer.dropout_active():
         for start in range(0, len(batch), size):
             micro = batch[start:start + size]
-            r_w, r_l = pair_forward(scorer, tokenizer, micro)
+            r_w, r_l = pair_forward(scorer, tokenizer, micro, config.rm.share_prompt)
             loss = bradley_terry(r_w, r_l, margins_of(micro), config.rm.center_coefficient) * (len(micro) / len(batch))
             loss.backward()
             total += float(loss.detach())
