@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT=${OUT:-$(mktemp -d)}
 TOKENIZER=${TOKENIZER:-.gpu/tokenizer}
-ONLY=${ONLY:-model vs_trl trl_ppo reward_curve roofline scaling memory_settings quantized_phases setting_runs commit_runs dtype_runs rg_screen rg_learning gpu_table}
+ONLY=${ONLY:-model vs_trl trl_ppo reward_curve roofline scaling memory_settings quantized_phases setting_runs commit_runs dtype_runs rg_screen rg_learning memory_plan gpu_table}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 export PATH="$(dirname "$(command -v "$PY")"):$PATH"  # rg_screen.py runs `llmrl eval`
 mkdir -p "$OUT"
@@ -30,7 +30,7 @@ step() {  # step NAME COMMAND...: run it (under LIMIT seconds) if NAME is in ONL
   timeout "${LIMIT:-900}" "$@" > "$OUT/$name.log" 2>&1
   rc=$?
   # these scripts record a failed command in their JSON instead of exiting with it
-  case $name in rg_screen|rg_learning|dtype_runs|setting_runs) [ $rc = 0 ] && grep -qs '"error"' "$OUT/${name//_/-}.json" && rc=1;; esac
+  case $name in rg_screen|rg_learning|dtype_runs|setting_runs|memory_plan) [ $rc = 0 ] && grep -qs '"error"' "$OUT/${name//_/-}.json" && rc=1;; esac
   [ $rc = 0 ] || failed=$((failed + 1))
   echo "$name: $([ $rc = 0 ] && echo ok || echo "FAILED (exit $rc)"), $(( $(date +%s) - t0 )) s  ($OUT/$name.log)"
 }
@@ -75,6 +75,7 @@ step commit_runs env PY="$PY" bash bench/commit_runs.sh "$OUT/commit-runs.tsv" 1
 step dtype_runs "$PY" bench/dtype_runs.py --recipe "$OUT/tiny.yaml" --seeds 0 --dtypes float32,bfloat16 --root "$OUT/dtype-runs" --out "$OUT/dtype-runs.json"
 step rg_screen "$PY" bench/rg_screen.py --model tiny --tasks leg_counting --size 4 --max-new-tokens 8 --out "$OUT/rg-screen.json"
 step rg_learning "$PY" bench/rg_learning.py --recipe "$OUT/tiny-rg.yaml" --runs "leg_counting:0" --root "$OUT/rg-runs" --out "$OUT/rg-learning.json"
+step memory_plan "$PY" bench/memory_plan.py --only tiny-ppo --root "$OUT/memory-plan" --out "$OUT/memory-plan.json"
 if [[ " $ONLY " == *" gpu_table "* && "$TOKENIZER" != .gpu/tokenizer ]]; then
   echo "gpu_table: skipped (it reads .gpu/tokenizer; TOKENIZER is $TOKENIZER)"
 else
