@@ -32,7 +32,7 @@ def glibc() -> ctypes.CDLL | None:
         return None
     try:
         libc = ctypes.CDLL(None)
-        libc.gnu_get_libc_version, libc.mallopt, libc.malloc_trim  # noqa: B018  (glibc's own symbols)
+        libc.gnu_get_libc_version, libc.mallopt  # noqa: B018  (glibc's own symbols)
     except (OSError, AttributeError):
         return None
     return libc
@@ -50,9 +50,3 @@ def set_allocator(mode: str, environ: Mapping[str, str] = os.environ) -> tuple[s
         if variable not in environ and libc.mallopt(param, value) == 1:
             made.append(f"{variable}={value}")
     return tuple(made)
-
-
-def trim() -> bool:
-    """Give the heap's free pages back to the system (glibc's `malloc_trim(0)`); whether any were."""
-    libc = glibc()
-    return bool(libc.malloc_trim(0)) if libc is not None else False
