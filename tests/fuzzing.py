@@ -47,6 +47,9 @@ def edge_values(tp: Any, meta: dict[str, Any]) -> list[str]:
     """`--set key=VALUE` texts at and beyond a setting's bounds: 0, −1, the bounds and one past them,
     huge, NaN, ±inf, empty, the wrong type, unicode, control characters."""
     base = base_type(tp)
+    if meta.get("kind") == "size":  # memory.max: a size with units (llmrl/config/memory.parse_size)
+        return ["6GiB", "1.5GiB", "6GB", "1", "0", "-1", "0.4", "inf", "nan", "1e400", str(2**62 + 1), "6XB", "GiB",
+                *TEXT[:6]]
     if "choices" in meta:
         return [*map(str, meta["choices"]), str(meta["choices"][0]).upper(), *TEXT[:6], "0", "true", "[]"]
     if base is bool:

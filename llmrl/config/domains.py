@@ -76,7 +76,8 @@ def describe(tp: Any, meta: Mapping[str, Any]) -> str:
         return f"{base.__name__} {span}{none}"
     if base is str:
         kind = meta.get("kind")
-        return ("Python module name" if kind == "module" else "any text" if kind == "prose" else "text") + none
+        named = {"module": "Python module name", "prose": "any text", "size": "a size with units (6GiB, 6GB) or bytes"}
+        return named.get(kind, "text") + none
     origin = typing.get_origin(base)
     if origin is list:
         item = typing.get_args(base)[:1]

@@ -25,7 +25,7 @@ class MemoryConfig:
     max: str | None = opt(None, "the most memory the run may hold (the device's on a GPU, RAM on the CPU, shared by "
                           "torchrun's processes there): a size with units, 6GiB, 1.5GiB, 6144MiB, 6G (binary), 6GB "
                           "(decimal), or bytes; default: the device's memory (a memory cgroup's limit or physical "
-                          "memory on the CPU, the GPU's on CUDA)")
+                          "memory on the CPU, the GPU's on CUDA)", kind="size")
     allocator: str = opt("auto", "'auto': on Linux with glibc, set its malloc at the start of the run (mallopt: freed "
                          "blocks of ≥ 1 MiB go back to the system) unless the environment sets "
                          "MALLOC_MMAP_THRESHOLD_; 'off': leave the allocator as it is", choices=("auto", "off"), bool_words=("off", "auto"))
