@@ -9,7 +9,7 @@ from rich.table import Table
 from ..config import Config
 from ..memory.budget import run_budget, size_text
 from ..memory.plan import MemoryPlan
-from ..memory.sources import plan_memory
+from ..memory.choose import choose, line, refusal
 from ..models.load import resolve_device
 
 
@@ -35,12 +35,18 @@ def plan_table(config: Config, plan: MemoryPlan) -> Table:
 
 def show_plan(config: Config, processes: int = 1, console: Console | None = None) -> MemoryPlan:
     """Print the plan of `config` against one of `processes` processes' budget (memory.max or the device's,
-    shared on the CPU) and the verdict line."""
+    shared on the CPU), after the settings a run chooses to it, the line it says of them and the verdict;
+    a run that could not fit is refused after its table, in the run's sentence."""
     console = console or Console()
     budget = run_budget(config, resolve_device(config.model.device), processes)
-    plan = plan_memory(config, budget, world=processes)
-    console.print(plan_table(config, plan))
+    choice = choose(config, budget, world=processes)  # the settings a run would choose (memory/choose.py)
+    plan = choice.plan
+    console.print(plan_table(choice.config, plan))
+    if (said := line(choice)) is not None:
+        console.print(escape(said))
     fits = "fits in" if plan.peak_bytes <= budget.bytes else "exceeds"
     console.print(f"Predicted peak {size_text(plan.peak_bytes)} ({plan.peak_phase}) {fits} the budget: "
                   f"{budget.describe()}. No weight was loaded.")
+    if (refused := refusal(choice)) is not None:
+        raise refused
     return plan

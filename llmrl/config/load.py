@@ -289,6 +289,7 @@ def load_config(
         size = default_minibatch(config.rollout.prompts_per_step * config.rollout.num_generations, {**preset, **own})
         config = dataclasses.replace(config, update=dataclasses.replace(config.update, minibatch_size=size))
     _check_consistency(config)
+    object.__setattr__(config, "given", frozenset(user))  # keys a recipe, flag or --set gave: memory/choose.py keeps them
     return config
 
 

@@ -27,7 +27,7 @@ from ..losses import resolve_policy_loss
 from ..memory.allocator import set_allocator
 from ..memory.budget import run_budget
 from ..memory.plan import MemoryPlan
-from ..memory.sources import plan_memory
+from ..memory.choose import choose, line, refusal
 from ..models.load import load_base, resolve_device
 from ..models.prompts import apply_chat_setting, tokenize_prompts
 from ..models.stack import PolicyStack
@@ -135,7 +135,12 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
         raise ConfigError(f"'rollout.prompts_per_step' ({config.rollout.prompts_per_step}) must be divisible by "
                           f"the number of processes ({dist.world_size}).")
     task = dist.main_first(lambda: task_from_config(config), local=True)  # a dataset or reward model fills caches once
-    memory_plan = plan_memory(config, memory, task, dist.world_size)  # before the weights load: its process part is now
+    # before the weights load (its process part is now): the settings left to llmrl chosen so the plan fits
+    choice = dist.broadcast_object(choose(config, memory, task, dist.world_size))  # rank 0's, on every rank
+    if (refused := refusal(choice)) is not None:
+        raise refused
+    dist.main_only(lambda: (said := line(choice)) and print(f"llmrl: {said}", file=sys.stderr))
+    config, memory_plan = choice.config, choice.plan
     asked = config  # config.yaml keeps rollout.tool_format as asked: 'auto' is the task's own, whatever the task
     config = replace(config, rollout=with_task_format(config.rollout, task))
     env = episode_env(config, task, dist)
