@@ -51,9 +51,9 @@ def test_the_command_line_refuses_what_is_no_size_before_anything_loads(text: st
 
 
 def test_a_budget_below_the_weights_is_refused_before_loading(tmp_path: Path) -> None:
+    # the run's plan, made before loading (llmrl/memory/choose.py), refuses it first, naming the budget that fits
     err = cli_refused(["train", "--steps", "1", "--out", str(tmp_path / "r"), *CLI_SMALL, "--max-memory", "256KiB"],
-                      "Model 'tiny' has 0.00 B parameters: its float32 weights alone need 0.5 MiB, more than the "
-                      "0.2 MiB of --max-memory; a run of it needs at least 0.8 MiB")
+                      "This run cannot fit in 0.2 MiB (--max-memory) even with micro-batches of one row")
     assert not (tmp_path / "r" / "config.yaml").exists(), err
 
 
@@ -61,9 +61,8 @@ def test_a_budget_below_what_the_run_holds_is_refused_before_the_first_step(tmp_
     # above the base's 0.5 MiB of weights, below them with the adapters, AdamW state and one step's KV cache
     budget = TINY_WEIGHTS + 64 * 1024
     err = cli_refused(["train", "--steps", "1", "--out", str(tmp_path / "r"), *CLI_SMALL, "--max-memory", str(budget)],
-                      "This run holds at least ")
-    assert "at once while it generates (base (frozen, shared by actor, critic, reference) 0.5 MiB" in err
-    assert f"more than the {budget / MiB:.1f} MiB of --max-memory: " in err
+                      f"This run cannot fit in {budget / MiB:.1f} MiB (--max-memory) even with ")
+    assert "the smallest budget that holds it is " in err  # the plan's refusal, before loading (memory/choose.py)
     assert not (tmp_path / "r" / "config.yaml").exists()
     assert not (tmp_path / "r" / "metrics.jsonl").exists()
 

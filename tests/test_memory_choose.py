@@ -13,7 +13,6 @@ import yaml
 
 from llmrl.config import load_config
 from llmrl.memory.budget import Budget
-from llmrl.memory.choose import choose_settings, cost, line
 from llmrl.memory.plan import plan_run
 from llmrl.memory.shape import read_shape
 
@@ -126,6 +125,7 @@ def test_the_cheapest_choice_that_lowers_the_peak_comes_first(tiny_model_dir: Pa
     """Against stated budgets (a fixed process part of 100 MiB): the update over the budget takes micro-batches
     and nothing else (the engine's copies would not lower its peak); a setting the user gave is never chosen;
     the cost said is the product of the choices' factors."""
+    from llmrl.memory.choose import choose_settings, cost, line
     config = load_config(None, {"model.name": str(tiny_model_dir), "algo": "grpo"},
                          ["model.dtype=float32", "rollout.prompts_per_step=16", "rollout.num_generations=8",
                           "update.minibatch_size=128", "rollout.max_new_tokens=48", "eval.size=2"])

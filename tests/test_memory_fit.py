@@ -1,4 +1,5 @@
-"""A run that cannot hold its parts at once is refused before its first step (run/preflight.check_memory):
+"""A run that cannot hold its parts at once is refused before its first step (run/preflight.check_memory, and
+before loading the plan, llmrl/memory/choose.py):
 the base as held, adapters, value head, AdamW state, the `hf` engine's copies while it generates, and one
 step's KV cache and logits. The memory is the one thing set here (`--max-memory`, the run's budget); the
 model, stack, engine and their sizes are real, and the run goes through the real command line."""
@@ -41,24 +42,42 @@ def _base_bytes(path: Path) -> int:
 LORA_BYTES = 4 * 2 * 65_536
 
 
-def test_a_run_whose_engine_copies_do_not_fit_is_refused_and_fits_without_them(
-        packable_model: Path, tmp_path: Path) -> None:
-    # the limit: the base, the adapter and its AdamW state, and 0.5 MiB for the KV cache and logits (16 rows
-    # × (2·2 layers·5 positions·2 heads·64·4 B + V·4 B) ≈ 0.17 MiB); the engine's merged, packed copy of the
-    # linear layers (at least their 4.5 MiB of float32 weights) does not fit beside them
+def test_engine_copies_that_do_not_fit_are_turned_off_before_loading(packable_model: Path, tmp_path: Path) -> None:
+    """Since issue 68 the plan made before loading decides (llmrl/memory/choose.py): a budget below what the run
+    holds at all is refused before the run folder is written, in one sentence naming the smallest that holds
+    it; a budget the engine's packed copies (4.5 MiB of float32 linear weights) alone exceed turns them off,
+    the cheapest choice, unless the user set them, who is told it may not fit."""
+    from llmrl.config import load_config
+    from llmrl.memory.budget import Budget
+    from llmrl.memory.choose import choose_settings, line
+    from llmrl.memory.plan import plan_run
+    from llmrl.memory.shape import read_shape
+
     limit = _base_bytes(packable_model) + 3 * LORA_BYTES + 2**19
     args = ["train", "--model", str(packable_model), "--algo", "grpo", "--steps", "1", *CLI_SMALL,
             "--set", "rollout.max_new_tokens=4", "--set", "model.dtype=float32", "--max-memory", str(limit)]
-    err = cli_refused([*args, "--out", str(tmp_path / "a")], "This run holds at least ")
-    assert "hf engine: prepacked linear weights, the actor's LoRA merged in (while generating) 4." in err, err
-    assert f"more than the {limit / 2**20:,.1f} MiB of --max-memory: engine.pack_weights=false and " \
-           "engine.merge_lora=false drop the engine's 4." in err, err
-    assert "model.quantize=nf4 holds the base's linear layers in 4 bits" in err
+    err = cli_refused([*args, "--out", str(tmp_path / "a")], f"This run cannot fit in {limit / 2**20:,.1f} MiB "
+                      "(--max-memory) even with micro-batches of one row, evaluation one row at a time, the engine's "
+                      "float copies off")
+    assert "the smallest budget that holds it is " in err
     assert not (tmp_path / "a" / "config.yaml").exists()  # refused before the run folder was written to
-    code, out, err = cli_run([*args, "--out", str(tmp_path / "b"), "--set", "engine.pack_weights=false",
-                              "--set", "engine.merge_lora=false"])
-    assert code == 0, err[-2000:]
-    assert (tmp_path / "b" / "metrics.jsonl").read_text().count("\n") == 1
+    sets = ["rollout.prompts_per_step=4", "update.minibatch_size=4", "eval.size=2", "rollout.max_new_tokens=4",
+            "model.dtype=float32"]
+    shape = read_shape(str(packable_model))
+    plans = lambda budget: lambda c: plan_run(c, Budget(budget, "--max-memory"), shape=shape,  # noqa: E731
+                                              prompt_tokens=8, baseline=0)
+    config = load_config(None, {"model.name": str(packable_model), "algo": "grpo"}, sets)
+    with_copies = plans(2**40)(config)
+    assert with_copies.peak_phase == "generate" and "hf engine: packed linear weights" in str(with_copies.phases)
+    budget = with_copies.peak_bytes - 2**20  # the copies are 4.5 MiB: without them it fits
+    choice = choose_settings(config, plans(budget), "--max-memory")
+    assert choice.chosen == (("engine.pack_weights", False), ("engine.merge_lora", False)) and choice.fits
+    assert "with engine.pack_weights=false and engine.merge_lora=false (≈ 1.12× the seconds of a step)" in line(choice)
+    own = load_config(None, {"model.name": str(packable_model), "algo": "grpo"},
+                      [*sets, "engine.pack_weights=true", "engine.merge_lora=true"])
+    kept = choose_settings(own, plans(budget), "--max-memory")
+    assert kept.config.engine.pack_weights and not kept.fits and "may not fit in memory with the settings given " \
+        "(engine.merge_lora=true and engine.pack_weights=true)" in line(kept)
 
 
 def _tree(tmp_path: Path, cgroup: str, files: dict[str, str]) -> tuple[str, str]:
