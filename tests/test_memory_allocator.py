@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from llmrl.memory.allocator import glibc, set_allocator
+from llmrl.memory.allocator import glibc, set_allocator, tight
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCKS, BLOCK = 48, 8 << 20
@@ -68,3 +68,12 @@ def test_off_and_other_systems_change_nothing(monkeypatch: pytest.MonkeyPatch) -
     assert set_allocator("off", {}) == ()
     monkeypatch.setattr(sys, "platform", "darwin")
     assert glibc() is None and set_allocator("auto", {}) == ()
+
+
+@needs_glibc
+def test_auto_sets_it_only_where_the_plan_is_tight_and_on_always() -> None:
+    # it costs seconds (1.13× the default run, memory/allocator.py), so 'auto' leaves glibc alone with room
+    assert set_allocator("auto", {}, tight=False) == ()
+    assert _probe("on")["made"] == ["MALLOC_MMAP_THRESHOLD_=1048576"]
+    # tight: peak × 1.24 > budget; 100 × 1.24 = 124 is not over 124, 101 × 1.24 = 125.24 is
+    assert not tight(100, 124) and tight(101, 124)

@@ -19,6 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 import llmrl.run.session as session
 from llmrl.config import load_config
 from llmrl.config.schema import LoraConfig
+from llmrl.memory.budget import Budget
 from llmrl.models.load import device_memory
 from llmrl.models.sequences import layout
 from llmrl.models.stack import PolicyStack
@@ -106,15 +107,19 @@ def test_the_logits_are_counted_for_the_micro_batch_the_fit_leads_to() -> None:
 
 
 def _fits(monkeypatch: pytest.MonkeyPatch) -> list[update_fit.UpdateFit]:
-    """Record every fit the runs measure (the real measure_fit, called through)."""
+    """Record every fit the runs measure (the real measure_fit, called through). The settings the plan chooses
+    before loading (memory/choose.py, tested through the CLI in test_memory_choose.py) are left out: it is made
+    with an unbounded budget here, since the budgets below are sized to the fit's own accounting after loading
+    (what the run holds, no process part), which the plan, counting the process, would refuse."""
     seen: list[update_fit.UpdateFit] = []
-    real = update_fit.measure_fit
+    real, choose = update_fit.measure_fit, session.choose
 
     def spy(*args, **kwargs):
         seen.append(real(*args, **kwargs))
         return seen[-1]
 
     monkeypatch.setattr(session, "measure_fit", spy)
+    monkeypatch.setattr(session, "choose", lambda config, budget, *a, **k: choose(config, Budget(2**50, budget.source), *a, **k))
     return seen
 
 

@@ -123,7 +123,7 @@ def train_reward(config: RewardRunConfig, *, overwrite: bool = False, resume: Pa
         raise ConfigError("A reward run needs preference pairs: pass --data FILE (or set pairs.dataset).")
     if config.threads:
         torch.set_num_threads(config.threads)
-    set_allocator(config.memory.allocator)  # before anything large is allocated (memory/allocator.py)
+    set_allocator(config.memory.allocator, tight=False)  # 'on' only: no plan says memory is tight (memory/allocator.py)
     base, tokenizer = load_base(config.model, show_progress, run_budget(config, resolve_device(config.model.device)))
     check_lora_targets(base, config.lora)
     train, held = load_pairs(config.pairs, tokenizer)

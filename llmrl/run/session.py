@@ -24,7 +24,7 @@ from ..errors import ConfigError
 from ..estimators import EstimatorSpec, get_estimator, import_user_module
 from ..kl_control import KLController
 from ..losses import resolve_policy_loss
-from ..memory.allocator import set_allocator
+from ..memory.allocator import set_allocator, tight
 from ..memory.budget import run_budget
 from ..memory.plan import MemoryPlan
 from ..memory.choose import choose, line, refusal
@@ -121,7 +121,6 @@ def plan_for(config: Config, spec: EstimatorSpec, stack: PolicyStack, own_weight
 def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: bool = False,
           dist: DistContext = SINGLE) -> Session:
     """Load the task and model, build the stack, engine and optimizers, create (or reopen) the run folder."""
-    set_allocator(config.memory.allocator)  # before anything large is allocated (memory/allocator.py)
     # one process's share of --max-memory or the device's (torchrun's processes share a CPU machine's)
     memory = run_budget(config, resolve_device(config.model.device), int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     spec = resolve_estimator(config)
@@ -141,6 +140,8 @@ def setup(config: Config, reporter: Reporter, overwrite: bool = False, resume: b
         raise refused
     dist.main_only(lambda: (said := line(choice)) and print(f"llmrl: {said}", file=sys.stderr))
     config, memory_plan = choice.config, choice.plan
+    # before anything large is allocated, where the plan is tight (memory/allocator.py)
+    set_allocator(config.memory.allocator, tight=tight(memory_plan.peak_bytes, memory_plan.budget))
     asked = config  # config.yaml keeps rollout.tool_format as asked: 'auto' is the task's own, whatever the task
     config = replace(config, rollout=with_task_format(config.rollout, task))
     env = episode_env(config, task, dist)
