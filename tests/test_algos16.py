@@ -212,7 +212,7 @@ def test_masked_update_equals_the_update_on_the_finished_rows_alone() -> None:
     assert all(torch.equal(masked[k], v) for k, v in _update_weights(config, stack, trained, junk).items())
     keep = torch.tensor([0, 3, 5])
     alone_cfg = config.update.__class__(**{**config.update.__dict__, "minibatch_size": 3})
-    alone = _update_weights(config.__class__(**{**config.__dict__, "update": alone_cfg}), stack,
+    alone = _update_weights(replace(config, update=alone_cfg), stack,
                             batch.select(keep), adv[keep])
     for k, v in alone.items():
         torch.testing.assert_close(masked[k], v, atol=1e-9, rtol=0)

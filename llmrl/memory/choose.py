@@ -41,7 +41,7 @@ from typing import Any, Callable
 from ..config import Config
 from ..config.memory import size_text
 from ..errors import ConfigError
-from ..models.load import model_source
+from ..models.load import load_failure, model_source
 from ..tasks import Task, task_from_config
 from .plan import RUNTIME, MemoryPlan, plan_run, resident_bytes
 from .shape import read_shape
@@ -211,7 +211,10 @@ def planner(config: Config, budget: Any, task: Task | None = None, world: int = 
     """Plans of `config` with other memory settings, against `budget`: the model's shape, the longest prompt,
     the reward models and this process's resident memory gathered once (sources.plan_memory's inputs)."""
     source, _ = model_source(config.model, show_progress=False)
-    shape = read_shape(source, config.model.trust_remote_code)
+    try:  # a config.json transformers cannot read: the sentence loading it would say, before it is tried
+        shape = read_shape(source, config.model.trust_remote_code)
+    except Exception as exc:  # transformers raises many kinds for a broken file (models/load.load_base)
+        raise ConfigError(f"Cannot load model '{config.model.name}' as a causal LM: {load_failure(exc, source)}") from None
     prompt = longest_prompt(config, task if task is not None else task_from_config(config), source)
     extra, baseline = reward_parts(config), resident_bytes() + RUNTIME
     return lambda c: plan_run(c, budget, shape=shape, prompt_tokens=prompt, baseline=baseline, world=world,
