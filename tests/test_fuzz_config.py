@@ -226,9 +226,10 @@ def test_a_value_that_trains_for_ever_runs_until_stopped(key: str, tiny_model_di
                   "its width, so a larger rank only adds parameters."),
     (f"threads={(os.cpu_count() or 1) + 1}", f"'threads' ({(os.cpu_count() or 1) + 1}) exceeds the "
                                              f"{os.cpu_count() or 1} CPUs of this machine;"),
-    ("rollout.prompts_per_step=2147483648", "One step decodes 2,147,483,648 rows ((rollout.prompts_per_step + "
-                                            "rollout.oversample) × rollout.num_generations); their KV cache and "
-                                            "logits alone need"),
+    # the memory plan (issue 68) refuses it before the weights load, naming the smallest budget that would hold it
+    ("rollout.prompts_per_step=2147483648", "even with micro-batches of one row, evaluation one row at a time, "
+                                            "the engine's float copies off, 4 MiB logits chunks and activation "
+                                            "checkpointing: the smallest budget that holds it is "),
 ])
 def test_sizes_the_machine_cannot_hold_are_refused_before_the_stack(setting: str, message: str, tiny_model_dir: Path,
                                                                      tmp_path: Path) -> None:
