@@ -67,11 +67,13 @@ def test_train_plan_prints_without_loading(tiny_model_dir: Path, tmp_path: Path,
 
     monkeypatch.setattr(session, "load_base", lambda *a, **k: pytest.fail("--plan loaded the model"))
     out = tmp_path / "run"
-    code, stdout, stderr = cli_run(["train", "--model", str(tiny_model_dir), "--plan", "--max-memory", "3GiB",
+    # in-process: the plan's process part is pytest's own resident memory, which a long session grows past a
+    # few GiB, so the budget here is one no session reaches
+    code, stdout, stderr = cli_run(["train", "--model", str(tiny_model_dir), "--plan", "--max-memory", "64GiB",
                                     "--out", str(out), *CLI_SMALL])
     assert code == 0, stderr
     assert "Memory plan" in stdout and "← peak" in stdout and "update" in stdout and "KV cache" in stdout
-    assert "3.0 GiB of --max-memory" in stdout and "No weight was loaded" in stdout
+    assert "64.0 GiB of --max-memory" in stdout and "No weight was loaded" in stdout
     assert not out.exists()
 
 
