@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
-import pytest
-import torch
+# The suite runs in two pytest-xdist workers on CI's 2 cores (pyproject's addopts): one torch thread each,
+# and the same for every process a test starts (they inherit it), so that 2 cores never run 4 threads that
+# wait on each other. Set before torch is imported, which reads it once.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from llmrl.models.tokenizer import build_char_tokenizer
@@ -57,11 +65,28 @@ import importlib.util  # noqa: E402
 collect_ignore_glob = [] if importlib.util.find_spec("vllm") else ["vllm/*"]
 
 
+def pytest_configure(config) -> None:  # noqa: ANN001 - pytest's hook
+    """The controlling process (or the only one) names a folder where each xdist worker leaves its fuzz
+    tally at its end; the workers inherit the variable."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["LLMRL_FUZZ_TALLY_DIR"] = tempfile.mkdtemp(prefix="llmrl-fuzz-tally-")
+
+
+def pytest_sessionfinish(session) -> None:  # noqa: ANN001 - pytest's hook
+    worker, folder = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("LLMRL_FUZZ_TALLY_DIR")
+    if worker and folder:
+        from tests.fuzzing import save_tally
+
+        save_tally(Path(folder) / f"{worker}.json")
+
+
 def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest's hook
-    """The fuzz tests' tally (tests/fuzzing.py): inputs tried per family, how many ran, were refused."""
+    """The fuzz tests' tally (tests/fuzzing.py): inputs tried per family, how many ran, were refused,
+    summed over the xdist workers' tallies."""
     from tests.fuzzing import report_lines
 
-    lines = report_lines()
+    folder = os.environ.get("LLMRL_FUZZ_TALLY_DIR")
+    lines = report_lines(sorted(Path(folder).glob("*.json")) if folder else [])
     if lines:
         terminalreporter.section("inputs fuzzed (issue 30)")
         for line in lines:

@@ -26,11 +26,21 @@ def count(family: str, outcome: str) -> None:
         Path(target).write_text(json.dumps({k: dict(v) for k, v in TALLY.items()}, indent=1))
 
 
-def report_lines() -> list[str]:
-    if not TALLY:
+def save_tally(path: Path) -> None:
+    """This process's tally as JSON (an xdist worker's, for the controlling process to sum)."""
+    path.write_text(json.dumps({k: dict(v) for k, v in TALLY.items()}))
+
+
+def report_lines(saved: list[Path] = ()) -> list[str]:
+    """The table: this process's tally plus the tallies `saved` by other processes."""
+    total: dict[str, Counter] = {k: Counter(v) for k, v in TALLY.items()}
+    for path in saved:
+        for family, c in json.loads(path.read_text()).items():
+            total.setdefault(family, Counter()).update(c)
+    if not total:
         return []
     lines = [f"{'family':<34} {'tried':>6} {'ran':>5} {'refused':>8} {'tracebacks':>10}"]
-    for family, c in sorted(TALLY.items()):
+    for family, c in sorted(total.items()):
         lines.append(f"{family:<34} {c['tried']:>6} {c['ran']:>5} {c['refused']:>8} {c['traceback']:>10}")
     return lines
 

@@ -110,7 +110,10 @@ def test_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path, name: str
 
 def test_a_dying_rank_stops_the_run_and_a_2_process_resume_finishes_it(tiny_model_dir: Path, tmp_path: Path) -> None:
     # rank 1's reward calls: 1 = eval before training (sharded), 2 = step 1, 3 = step 2, 4 = step 3 → dies
-    settings = {**COMMON, **CASES["ppo"], "checkpoint.every": 1, "dist.timeout_s": 60}
+    # rank 0 must notice the loss before torchrun, which SIGTERMs it as rank 1 dies, SIGKILLs it 30 s later
+    # (torch/distributed/elastic/multiprocessing/api.py `_close`): a collective that hangs on the dead
+    # peer instead of failing at once gives up after 20 s and still prints its sentence
+    settings = {**COMMON, **CASES["ppo"], "checkpoint.every": 1, "dist.timeout_s": 20}
     proc = _launch("nproc", tiny_model_dir, tmp_path / "r", "dist_dying", 5, settings,
                    LLMRL_TEST_DIE_RANK="1", LLMRL_TEST_DIE_CALL="4")
     assert proc.returncode == 1
