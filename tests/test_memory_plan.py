@@ -11,7 +11,7 @@ import pytest
 
 from llmrl.config import load_config
 from llmrl.memory.budget import Budget
-from llmrl.memory.parts import NF4_BYTES
+from llmrl.memory.parts import ACT_SLACK, NF4_BYTES, layer_bytes, update_bytes_per_token
 from llmrl.memory.plan import HELD, PHASES, TRANSIENT, plan_run
 from llmrl.memory.shape import read_shape
 
@@ -87,3 +87,25 @@ def test_summary_predicted_peak_near_measured(warm_tiny_dir: Path, tmp_path: Pat
     summary = json.loads((run / "summary.json").read_text())
     predicted, measured = summary["predicted_peak_mib"], summary["peak_rss_mib"]
     assert 0.85 * measured <= predicted <= 1.15 * measured, (predicted, measured)
+
+
+def test_shared_prompts_count_each_distinct_prompt_once(tiny_model_dir: Path) -> None:
+    """GRPO, 4 prompts × 8 samples, 6 new tokens, 10-token prompts, micro-batches of 16: with model.share_prompts
+    the update's 16 rows run 16·6 + 4·10 = 136 positions (≤ 4 distinct prompts, 2·4 ≤ 16 shares them), the
+    no-grad forwards' 32 rows 32·6 + 4·10 = 232; LoRA dropout keeps the update's gradient forward plain
+    (16·16 = 256) and sharing off keeps both plain (32·16 = 512 in the forwards)."""
+    shape = read_shape(str(tiny_model_dir))
+    common = ["algo=grpo", "rollout.prompts_per_step=4", "rollout.num_generations=8", "rollout.max_new_tokens=6",
+              "update.minibatch_size=32", "update.micro_batch_size=16", "eval.size=2"]
+
+    def positions(*sets: str) -> tuple[int, int]:
+        plan = plan_run(_config(tiny_model_dir, *common, *sets), BIG, shape=shape, prompt_tokens=10, baseline=1000)
+        parts = {(phase, x.name.split(" (")[0]): x for phase, items in plan.phases for x in items}
+        a = update_bytes_per_token(shape, 4, 16, None, False)  # float32, lora.r 16 (the default), every linear
+        update = parts["update", "activations"].bytes / (a * ACT_SLACK)
+        forwards = parts["forwards", "no-grad forward"].bytes / layer_bytes(shape, 1, 1, 4)
+        return round(update), round(forwards)
+
+    assert positions() == (136, 232)
+    assert positions("lora.dropout=0.1") == (256, 232)
+    assert positions("model.share_prompts=false") == (256, 512)

@@ -135,6 +135,17 @@ def _engine(config: Config, shape: ModelShape, b: int, rows: int, prompt: int, t
                   Part("prefill (one layer)", p.layer_bytes(shape, rows, prompt, b), TRANSIENT)]
 
 
+def _tokens(config: Config, rows: int, prompt: int, answer: int, grad: bool, world: int) -> int:
+    """Positions a forward of `rows` rows runs: N·(P+T), or with model.share_prompts each distinct prompt once,
+    N·T + U·P, U = min(N, prompts a step on this process) at most, where models/prefix.distinct_prompts shares
+    them (2U ≤ N); a gradient forward shares only without activation checkpointing and LoRA dropout
+    (models/stack.PolicyStack.hidden)."""
+    distinct = min(rows, p.ceil_div(config.rollout.prompts_per_step, world))
+    shared = config.model.share_prompts and 2 * distinct <= rows and not (
+        grad and (config.update.activation_checkpointing or config.lora.dropout > 0))
+    return rows * answer + distinct * prompt if shared else rows * (prompt + answer)
+
+
 def _micro_rows(config: Config, shape: ModelShape, a: float, free: int, row: int, answer: int, world: int) -> int:
     """m: update.micro_batch_size, else the minibatch's rows or the rows the fit will find room for."""
     r, u = config.rollout, config.update
@@ -162,6 +173,7 @@ def plan_run(config: Config, budget: Any, *, shape: ModelShape, prompt_tokens: i
     evals = min(config.eval.batch_size, config.eval.size)
     a = p.update_bytes_per_token(shape, b, lora.r, lora.target_modules, config.update.activation_checkpointing)
     micro = _micro_rows(config, shape, a, budget.bytes - sum(x.bytes for x in held.values()), row, answer, world)
+    positions = _tokens(config, micro, prompt, answer, True, world)
     four = config.model.quantize != "none"
     loading = shape.file_bytes if four or b * shape.numbers != shape.file_bytes else 0
     scoring = [x for x in extra if x.bytes] and [
@@ -172,11 +184,12 @@ def plan_run(config: Config, budget: Any, *, shape: ModelShape, prompt_tokens: i
         "evaluate": _engine(config, shape, b, evals, prompt, row) if evals else [],
         "generate": _engine(config, shape, b, gen_rows, prompt, row),
         "score": list(scoring or []),
-        "forwards": [Part(f"no-grad forward ({rows} rows, one layer)", p.layer_bytes(shape, rows, row, b), TRANSIENT),
+        "forwards": [Part(f"no-grad forward ({rows} rows, one layer)",
+                          p.layer_bytes(shape, 1, _tokens(config, rows, prompt, answer, False, world), b), TRANSIENT),
                      Part("log-prob logits", p.logits_held(shape, rows * answer, config.model.logits_chunk_mib),
                           TRANSIENT)],
-        "update": [Part(f"activations ({micro} rows × {row} tokens × {a / 1024:,.1f} KB)",
-                        int(micro * row * a * p.ACT_SLACK), TRANSIENT),
+        "update": [Part(f"activations ({micro} rows, {positions:,} positions × {a / 1024:,.1f} KB)",
+                        int(positions * a * p.ACT_SLACK), TRANSIENT),
                    Part("update logits", p.logits_held(shape, micro * answer, config.model.logits_chunk_mib), TRANSIENT),
                    Part("gradients (float32)", p.FLOAT32 * trainable, TRANSIENT)],
         "checkpoint": [Part("checkpoint bytes in memory", p.checkpoint_bytes(trainable), TRANSIENT)],
