@@ -4,14 +4,12 @@ configuration, one at a time, some under a memory cgroup's cap (`bash bench/in_c
     python bench/memory_plan.py --only tiny-ppo,smollm2-grpo --out bench/results/memory-plan.json
     python bench/memory_plan.py --list
 
-Per configuration, from RUN/summary.json: `predicted_peak_mib` (the plan's; '—' where the run wrote none),
-`peak_rss_mib` (the process's whole-run peak) and each phase's (`peak_rss_<phase>_mib`: load, evaluate,
-generate, score, forwards, update, checkpoint); the command's exit status (an OOM kill inside a cap: 137),
-seconds, and the cap's own line (its cgroup peak, page cache included). Where a run died before its summary,
-the phases come from the rows it logged. The table's last column is predicted / measured − 1 (the issue's
-goal: within ±15 %, never below −10 %). A preset holding RM gets a reward run on its base, trained here on a
-few pairs (`llmrl reward train`), once per base: a reward model as the fourth role. Every command runs
-`--steps 2` unless its preset says otherwise. The output is rewritten after every run.
+Per configuration, from RUN/summary.json: `predicted_peak_mib` (the plan's), `peak_rss_mib` and each phase's
+`peak_rss_<phase>_mib` (from the logged rows where a run died first); exit status (an OOM kill in a cap:
+137), seconds, the cap's line (its cgroup peak); `fill`, the mean response length / rollout.max_new_tokens
+(the plan holds every answer at its longest); last, predicted / measured − 1. A preset holding RM gets a
+reward run on its base from a few pairs, once per base. Every command runs `--steps 2` unless its preset
+says otherwise. The output is rewritten after every run.
 """
 
 from __future__ import annotations
@@ -23,6 +21,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rg_learning import commit  # noqa: E402
@@ -74,8 +74,8 @@ def reward_run(model: str, root: Path) -> str:
 def measure(name: str, root: Path) -> dict:
     """One preset's whole command: exit status, seconds, the plan's and the run's peaks."""
     cap, args = PRESETS[name]
-    model = args[args.index("--model") + 1] if "--model" in args else "tiny"
-    args = [reward_run(model, root) if a == "RM" else a for a in args]
+    args = [reward_run(args[args.index("--model") + 1] if "--model" in args else "tiny", root) if a == "RM" else a
+            for a in args]
     out = root / name
     cmd = [sys.executable, "-m", "llmrl", "train", *args, *([] if "--steps" in args else ["--steps", "2"]),
            "--out", str(out), "--overwrite"]
@@ -90,21 +90,22 @@ def measure(name: str, root: Path) -> dict:
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
     logged = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()] if (out / "metrics.jsonl").exists() else []
     row.update(predicted_mib=summary.get("predicted_peak_mib"), measured_mib=summary.get("peak_rss_mib"))
-    for p in PHASES:
-        seen = [r[f"peak_rss_{p}_mib"] for r in [summary, *logged] if r.get(f"peak_rss_{p}_mib") is not None]
-        row[p] = max(seen, default=None)
-    return row
+    tokens = yaml.safe_load((out / "config.yaml").read_text())["rollout"]["max_new_tokens"] if logged else 1
+    lengths = [r["response_len"] for r in logged if "response_len" in r]
+    row["fill"] = round(sum(lengths) / len(lengths) / tokens, 3) if lengths else None
+    keys = {p: f"peak_rss_{p}_mib" for p in PHASES}
+    return row | {p: max((r[k] for r in [summary, *logged] if r.get(k) is not None), default=None) for p, k in keys.items()}
 
 
 def table(rows: list[dict]) -> str:
     mib = lambda x: "—" if x is None else f"{x:,.0f}"  # noqa: E731
-    head = ["configuration", "cap", "exit", "s", "predicted", "measured", *PHASES, "pred/meas−1"]
+    head = ["configuration", "cap", "exit", "s", "predicted", "measured", *PHASES, "fill", "pred/meas−1"]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in rows:
         ratio = (f"{r['predicted_mib'] / r['measured_mib'] - 1:+.1%}" if r["predicted_mib"] and r["measured_mib"] else "—")
         lines.append(" | ".join([r["name"], f"{r['cap_gib']} GiB" if r["cap_gib"] else "—", str(r["exit"]),
                                  f"{r['seconds']:.0f}", mib(r["predicted_mib"]), mib(r["measured_mib"]),
-                                 *(mib(r[p]) for p in PHASES), ratio]))
+                                 *(mib(r[p]) for p in PHASES), f"{r.get('fill') or 0:.0%}", ratio]))
     return "\n".join(f"| {ln} |" for ln in lines)
 
 
@@ -120,16 +121,14 @@ def main() -> None:
                         for n, (c, args) in PRESETS.items()))
         return
     names = a.only.split(",")
-    unknown = [n for n in names if n not in PRESETS]
-    if unknown:
+    if unknown := [n for n in names if n not in PRESETS]:
         raise SystemExit(f"unknown preset(s) {', '.join(unknown)}; valid: {', '.join(PRESETS)}")
-    root = Path(a.root or tempfile.mkdtemp(prefix="memory-plan-"))
-    root.mkdir(parents=True, exist_ok=True)
+    (root := Path(a.root or tempfile.mkdtemp(prefix="memory-plan-"))).mkdir(parents=True, exist_ok=True)
     result = {"command": " ".join(["python", *sys.argv]), "cpu": cpu_name(), "llmrl": commit(),
               "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": []}
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     for name in names:
         result["runs"].append(measure(name, root))
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
         print(table(result["runs"][-1:]).splitlines()[-1], flush=True)
     print(table(result["runs"]))
