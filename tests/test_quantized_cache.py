@@ -239,3 +239,23 @@ def test_a_damaged_copy_is_said_once_deleted_and_quantised_again(qwen_dir: Path,
     assert (folder / COMPLETE).is_file()  # and written again, whole
     third, _ = load_base(_nf4(qwen_dir), show_progress=False)
     assert third.name_or_path == str(folder)
+
+
+def test_the_plan_reads_the_copys_bytes_once_a_run_left_one(qwen_dir: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memory plan's loading part (memory/choose.copy_bytes): nothing of its own before the first 4-bit load
+    (the float checkpoint's bytes stand), the copy's safetensors bytes after, and 0 for a float run."""
+    from llmrl.config import load_config
+    from llmrl.memory.choose import copy_bytes
+
+    monkeypatch.setenv("LLMRL_CACHE_DIR", str(tmp_path / "cache"))
+    config = load_config(None, {"model.name": str(qwen_dir)}, ["model.dtype=float32", "model.quantize=nf4"])
+    assert copy_bytes(config, str(qwen_dir)) == 0
+    load_base(_nf4(qwen_dir), show_progress=False)
+    folder = quantized_cache.cached(str(qwen_dir), "nf4", "float32")
+    assert folder is not None
+    written = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    assert copy_bytes(config, str(qwen_dir)) == written > 0
+    assert written < sum(f.stat().st_size for f in qwen_dir.glob("*.safetensors"))  # 4-bit codes, not float32
+    float_run = load_config(None, {"model.name": str(qwen_dir)}, ["model.dtype=float32"])
+    assert copy_bytes(float_run, str(qwen_dir)) == 0

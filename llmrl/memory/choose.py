@@ -41,7 +41,8 @@ from typing import Any, Callable
 from ..config import Config
 from ..config.memory import size_text
 from ..errors import ConfigError
-from ..models.load import load_failure, model_source
+from ..models import quantized_cache
+from ..models.load import load_failure, model_source, torch_dtype
 from ..tasks import Task, task_from_config
 from .plan import RUNTIME, MemoryPlan, plan_run, resident_bytes
 from .shape import read_shape
@@ -207,6 +208,16 @@ def choose_settings(config: Config, plan: Planner, source: str) -> Choice:
     return Choice(current, now, tuple(chosen.items()), kept, _floor(config, plan).peak_bytes, source)
 
 
+def copy_bytes(config: Config, source: str) -> int:
+    """The bytes a 4-bit run reads where an earlier run left its 4-bit copy (models/quantized_cache.py): the
+    copy's safetensors files, not the float checkpoint; 0 where there is none (or the run is not 4-bit)."""
+    if config.model.quantize == "none":
+        return 0
+    dtype = str(torch_dtype(config.model.dtype, config.model.device, config.model.name)).removeprefix("torch.")
+    copy = quantized_cache.cached(source, config.model.quantize, dtype)
+    return sum(f.stat().st_size for f in copy.glob("*.safetensors")) if copy is not None else 0
+
+
 def planner(config: Config, budget: Any, task: Task | None = None, world: int = 1) -> Planner:
     """Plans of `config` with other memory settings, against `budget`: the model's shape, the longest prompt,
     the reward models and this process's resident memory gathered once (sources.plan_memory's inputs)."""
@@ -215,6 +226,7 @@ def planner(config: Config, budget: Any, task: Task | None = None, world: int = 
         shape = read_shape(source, config.model.trust_remote_code)
     except Exception as exc:  # transformers raises many kinds for a broken file (models/load.load_base)
         raise ConfigError(f"Cannot load model '{config.model.name}' as a causal LM: {load_failure(exc, source)}") from None
+    shape = replace(shape, file_bytes=copy_bytes(config, source) or shape.file_bytes)
     prompt = longest_prompt(config, task if task is not None else task_from_config(config), source)
     extra, baseline = reward_parts(config), resident_bytes() + RUNTIME
     return lambda c: plan_run(c, budget, shape=shape, prompt_tokens=prompt, baseline=baseline, world=world,
